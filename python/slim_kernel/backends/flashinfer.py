@@ -1,0 +1,41 @@
+"""flashinfer backend. Importing this module imports flashinfer (so only on first use)."""
+
+from __future__ import annotations
+
+import torch
+from flashinfer import bmm_fp8 as _fi_bmm_fp8
+from flashinfer.gemm import (
+    mm_M1_16_K7168_N256,
+    mm_M1_16_K7168_N256_bf16,
+    mm_M1_16_K7168_N384,
+    mm_M1_16_K7168_N384_bf16,
+    tinygemm_bf16,
+)
+
+# (num_experts, out dtype) -> flashinfer router kernel; all take K = 7168 and M in 1..16.
+ROUTER_KERNELS = {
+    (256, torch.float32): mm_M1_16_K7168_N256,
+    (256, torch.bfloat16): mm_M1_16_K7168_N256_bf16,
+    (384, torch.float32): mm_M1_16_K7168_N384,
+    (384, torch.bfloat16): mm_M1_16_K7168_N384_bf16,
+}
+
+
+def bmm_fp8(out: torch.Tensor, A: torch.Tensor, B: torch.Tensor, A_scale: torch.Tensor, B_scale: torch.Tensor) -> None:
+    # flashinfer's cublas path reads dense operands and checks no strides: make them dense
+    # (a no-op for the usual contiguous A and W.transpose(-2, -1) B).
+    Bt = B.transpose(-2, -1)
+    if not Bt.is_contiguous():
+        B = Bt.contiguous().transpose(-2, -1)
+    _fi_bmm_fp8(A.contiguous(), B, A_scale, B_scale, out.dtype, out, backend="cublas")
+
+
+def dsv3_router_gemm(output: torch.Tensor, hidden_states: torch.Tensor, router_weights: torch.Tensor) -> None:
+    kernel = ROUTER_KERNELS[(router_weights.shape[0], output.dtype)]
+    # flashinfer wants a dense (M, K) activation and the (K, E) column-major weight view.
+    kernel(hidden_states.contiguous(), router_weights.t(), output, launch_with_pdl=False)
+
+
+def dsv3_fused_a_gemm(output: torch.Tensor, mat_a: torch.Tensor, mat_b: torch.Tensor) -> None:
+    # tinygemm computes input @ weight.T with a contiguous (N, K) weight: mat_b.T, no copy.
+    tinygemm_bf16(mat_a.contiguous(), mat_b.t(), output)

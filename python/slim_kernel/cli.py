@@ -1,0 +1,37 @@
+"""`slim-kernel` / `python -m slim_kernel`: one subcommand per module.
+
+Each command module exposes ``add_arguments(parser)`` and ``run(args) -> int`` and is
+imported only when its command is parsed, so `slim-kernel audit` never imports torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+COMMANDS = {
+    "info": ("slim_kernel.info", "show versions, devices and, per op, which backends can serve"),
+    "precompile": ("slim_kernel.jit.precompile", "compile every JIT kernel instantiation into the cache"),
+    "audit": ("slim_kernel.audit.cli", "check wheels for retired AOT code (exit 0 clean, 1 found, 2 unreadable)"),
+    "size": ("slim_kernel.audit.size_cli", "report wheel size, per-op native bytes, reduction vs a baseline"),
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    parser = argparse.ArgumentParser(prog="slim-kernel", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    chosen = argv[0] if argv and argv[0] in COMMANDS else None
+    for name, (module_name, help_text) in COMMANDS.items():
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        if name == chosen:
+            module = importlib.import_module(module_name)
+            module.add_arguments(p)
+            p.set_defaults(_run=module.run)
+    args = parser.parse_args(argv)
+    return int(args._run(args) or 0)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,78 @@
+"""dsv3_fused_a_gemm: (M, K) bf16 @ (K, N) bf16 column-major (weight.T) -> (M, N) bf16."""
+
+from __future__ import annotations
+
+import torch
+
+from .. import registry
+from ..registry import KernelBackend, KernelSpec
+from . import _validate as v
+from ._dispatch import flashinfer_probe, run
+
+OP = "dsv3_fused_a_gemm"
+
+
+def _flashinfer_check(output, mat_a, mat_b) -> str | None:
+    m, k = mat_a.shape
+    n = mat_b.shape[1]
+    if not 1 <= m <= 16:
+        return f"M={m} is outside 1..16"
+    if k % 64:
+        return f"K={k} is not a multiple of 64"
+    if n % 16:
+        return f"N={n} is not a multiple of 16"
+    if not mat_b.t().is_contiguous():
+        return "mat_b is not the transpose of a contiguous (N, K) weight"
+    return None
+
+
+registry.register(
+    KernelSpec(OP, KernelBackend.FLASHINFER, "slim_kernel.backends.flashinfer:dsv3_fused_a_gemm",
+               min_sm=(9, 0), check=_flashinfer_check, probe=flashinfer_probe,
+               note="tinygemm_bf16(mat_a, mat_b.T)"),
+    KernelSpec(OP, KernelBackend.TORCH, "slim_kernel.backends.torch_ref:dsv3_fused_a_gemm",
+               device_types=frozenset({"cpu", "cuda"}), note="fp32-accumulating reference, any shape"),
+)
+
+
+@torch.library.custom_op("slim_kernel::dsv3_fused_a_gemm", mutates_args=("output",), device_types=("cpu", "cuda"))
+def _fused_a_op(output: torch.Tensor, mat_a: torch.Tensor, mat_b: torch.Tensor, backend: str | None = None) -> None:
+    run(OP, backend, output, mat_a, mat_b)
+
+
+@_fused_a_op.register_fake
+def _(output, mat_a, mat_b, backend=None) -> None:
+    return None
+
+
+def validate(mat_a, mat_b, output) -> tuple[int, int]:
+    v.tensor("mat_a", mat_a)
+    v.tensor("mat_b", mat_b)
+    v.rank("mat_a", mat_a, 2, "(M, K)")
+    v.rank("mat_b", mat_b, 2, "(K, N)")
+    v.dtype("mat_a", mat_a, (torch.bfloat16,))
+    v.dtype("mat_b", mat_b, (torch.bfloat16,))
+    m, k = mat_a.shape
+    if mat_b.shape[0] != k:
+        raise ValueError(f"mat_b must be (K, N) with K={k} like mat_a, got shape {tuple(mat_b.shape)}")
+    n = mat_b.shape[1]
+    v.nonempty("mat_a", m, "row (M)")
+    v.nonempty("mat_a", k, "column (K)")
+    v.nonempty("mat_b", n, "column (N)")
+    v.same_device("mat_b", mat_b, mat_a.device, "mat_a")
+    if not v.column_major(mat_b):
+        raise ValueError(f"mat_b must be column-major (weight.T of a contiguous (N, K) weight), "
+                         f"got strides {mat_b.stride()}")
+    if output is not None:
+        v.output("output", output, (m, n), torch.bfloat16, mat_a.device)
+    return m, n
+
+
+def dsv3_fused_a_gemm(mat_a: torch.Tensor, mat_b: torch.Tensor, output: torch.Tensor | None = None, *,
+                      backend: str | None = None) -> torch.Tensor:
+    """DeepSeek-V3 fused q_a/kv_a projection: ``mat_a @ mat_b`` in bf16 with fp32 accumulation."""
+    m, n = validate(mat_a, mat_b, output)
+    if output is None:
+        output = torch.empty((m, n), dtype=torch.bfloat16, device=mat_a.device)
+    _fused_a_op(output, mat_a, mat_b, backend)
+    return output

@@ -1,0 +1,81 @@
+"""dsv3_router_gemm: (M, K) bf16 hidden states @ (E, K) bf16 router weight^T -> (M, E) fp32 or bf16."""
+
+from __future__ import annotations
+
+import torch
+
+from .. import registry
+from ..registry import KernelBackend, KernelSpec
+from . import _validate as v
+from ._dispatch import flashinfer_probe, run
+
+OP = "dsv3_router_gemm"
+OUT_DTYPES = (torch.float32, torch.bfloat16)
+FLASHINFER_K = 7168
+FLASHINFER_EXPERTS = (256, 384)
+
+
+def _flashinfer_check(output, hidden_states, router_weights) -> str | None:
+    m, k = hidden_states.shape
+    if not 1 <= m <= 16:
+        return f"M={m} is outside 1..16"
+    if k != FLASHINFER_K:
+        return f"K={k} is not {FLASHINFER_K}"
+    if router_weights.shape[0] not in FLASHINFER_EXPERTS:
+        return f"E={router_weights.shape[0]} is not one of {FLASHINFER_EXPERTS}"
+    if not router_weights.is_contiguous():
+        return "router_weights is not contiguous"
+    return None
+
+
+registry.register(
+    KernelSpec(OP, KernelBackend.FLASHINFER, "slim_kernel.backends.flashinfer:dsv3_router_gemm",
+               min_sm=(9, 0), max_sm=(10, 7), check=_flashinfer_check, probe=flashinfer_probe,
+               note="mm_M1_16_K7168_N256/N384 (+_bf16)"),
+    KernelSpec(OP, KernelBackend.TORCH, "slim_kernel.backends.torch_ref:dsv3_router_gemm",
+               device_types=frozenset({"cpu", "cuda"}), note="fp32-accumulating reference, any shape"),
+)
+
+
+@torch.library.custom_op("slim_kernel::dsv3_router_gemm", mutates_args=("output",), device_types=("cpu", "cuda"))
+def _router_op(output: torch.Tensor, hidden_states: torch.Tensor, router_weights: torch.Tensor,
+               backend: str | None = None) -> None:
+    run(OP, backend, output, hidden_states, router_weights)
+
+
+@_router_op.register_fake
+def _(output, hidden_states, router_weights, backend=None) -> None:
+    return None
+
+
+def validate(hidden_states, router_weights, out_dtype, output) -> tuple[int, int]:
+    v.tensor("hidden_states", hidden_states)
+    v.tensor("router_weights", router_weights)
+    v.rank("hidden_states", hidden_states, 2, "(M, K)")
+    v.rank("router_weights", router_weights, 2, "(E, K)")
+    v.dtype("hidden_states", hidden_states, (torch.bfloat16,))
+    v.dtype("router_weights", router_weights, (torch.bfloat16,))
+    v.dtype_arg("out_dtype", out_dtype, OUT_DTYPES)
+    m, k = hidden_states.shape
+    e = router_weights.shape[0]
+    if router_weights.shape[1] != k:
+        raise ValueError(f"router_weights must be (E, K) with K={k} like hidden_states, "
+                         f"got shape {tuple(router_weights.shape)}")
+    v.nonempty("hidden_states", m, "row (M)")
+    v.nonempty("hidden_states", k, "column (K)")
+    v.nonempty("router_weights", e, "expert row (E)")
+    v.same_device("router_weights", router_weights, hidden_states.device, "hidden_states")
+    if output is not None:
+        v.output("output", output, (m, e), out_dtype, hidden_states.device)
+    return m, e
+
+
+def dsv3_router_gemm(hidden_states: torch.Tensor, router_weights: torch.Tensor,
+                     out_dtype: torch.dtype = torch.bfloat16, output: torch.Tensor | None = None, *,
+                     backend: str | None = None) -> torch.Tensor:
+    """MoE router logits: ``hidden_states @ router_weights.T`` with fp32 accumulation."""
+    m, e = validate(hidden_states, router_weights, out_dtype, output)
+    if output is None:
+        output = torch.empty((m, e), dtype=out_dtype, device=hidden_states.device)
+    _router_op(output, hidden_states, router_weights, backend)
+    return output
