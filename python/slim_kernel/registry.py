@@ -88,7 +88,9 @@ class KernelSpec:
         fn = self._loaded.get("fn")
         if fn is None:
             module_name, _, attr = self.target.partition(":")
-            fn = getattr(importlib.import_module(module_name), attr)
+            fn = getattr(importlib.import_module(module_name), attr, None)
+            if fn is None:
+                raise ImportError(f"{self.target} does not exist")
             self._loaded["fn"] = fn
         return fn
 

@@ -1,0 +1,103 @@
+"""Backend selection: priority, eligibility, pinning, env overrides, load failures."""
+
+import sys
+import types
+import warnings
+
+import pytest
+import torch
+
+import slim_kernel  # noqa: F401  (registers the ops)
+from slim_kernel import registry
+from slim_kernel.registry import BackendUnavailableError, KernelBackend, KernelSpec
+
+CPU = torch.device("cpu")
+
+
+@pytest.fixture
+def fake_op(monkeypatch):
+    """A throwaway op with three backends whose implementations live in a fake module."""
+    mod = types.ModuleType("_slim_fake_backends")
+    calls = []
+    mod.jit = lambda out, x: calls.append("jit")
+    mod.torch = lambda out, x: calls.append("torch")
+    monkeypatch.setitem(sys.modules, mod.__name__, mod)
+    op = "fake_op_" + str(id(calls))
+    small_only = lambda out, x: None if x.shape[0] <= 16 else f"M={x.shape[0]} > 16"  # noqa: E731
+    registry.register(
+        KernelSpec(op, KernelBackend.JIT, f"{mod.__name__}:jit", device_types=frozenset({"cpu"}), check=small_only),
+        KernelSpec(op, KernelBackend.FLASHINFER, f"{mod.__name__}:missing", device_types=frozenset({"cpu"})),
+        KernelSpec(op, KernelBackend.TORCH, f"{mod.__name__}:torch", device_types=frozenset({"cpu"})),
+    )
+    yield op, calls
+    registry._REGISTRY.pop(op)
+    for key in [k for k in registry._BROKEN if k[0] == op]:
+        registry._BROKEN.pop(key)
+
+
+def _pick(op, m, backend=None):
+    x = torch.empty(m, 4)
+    spec, fn = registry.select(op, CPU, (None, x), backend)
+    return spec.backend.value
+
+
+def test_first_eligible_backend_wins(fake_op):
+    op, _ = fake_op
+    assert _pick(op, 8) == "jit"
+    with pytest.warns(RuntimeWarning, match="flashinfer"):
+        assert _pick(op, 17) == "torch"  # jit ineligible; flashinfer fails to load
+
+
+def test_pinned_backend_and_reason(fake_op):
+    op, _ = fake_op
+    assert _pick(op, 8, "torch") == "torch"
+    with pytest.raises(BackendUnavailableError, match=r"'jit' cannot serve this call: M=17 > 16"):
+        _pick(op, 17, "jit")
+
+
+def test_env_override(fake_op, monkeypatch):
+    op, _ = fake_op
+    monkeypatch.setenv(registry.env_var(op), "TORCH")
+    assert _pick(op, 8) == "torch"
+    assert _pick(op, 8, "jit") == "jit"  # an explicit backend= beats the environment
+    monkeypatch.setenv(registry.env_var(op), "bogus")
+    with pytest.raises(ValueError, match=registry.env_var(op)):
+        _pick(op, 8)
+
+
+def test_load_failure_falls_back_with_one_warning(fake_op):
+    op, _ = fake_op
+    registry._REGISTRY[op].insert(0, registry._REGISTRY[op].pop(1))  # flashinfer (broken target) first
+    with pytest.warns(RuntimeWarning, match="flashinfer"):
+        assert _pick(op, 8) == "jit"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert _pick(op, 8) == "jit"  # remembered as broken: no second warning
+    with pytest.raises(BackendUnavailableError, match="unavailable: ImportError"):
+        _pick(op, 8, "flashinfer")
+
+
+def test_duplicate_registration_rejected(fake_op):
+    op, _ = fake_op
+    with pytest.raises(ValueError, match="registered twice"):
+        registry.register(KernelSpec(op, KernelBackend.TORCH, "x:y"))
+
+
+def test_real_ops_on_cpu_use_torch_and_explain_others():
+    for op in ("bmm_fp8", "dsv3_router_gemm", "dsv3_fused_a_gemm"):
+        rows = registry.explain(op, CPU)
+        assert rows[-1][0].backend is KernelBackend.TORCH and rows[-1][1] is None
+        for spec, reason in rows[:-1]:
+            assert reason, f"{op}/{spec.backend.value} should be ineligible on CPU"
+    with pytest.raises(BackendUnavailableError, match="flashinfer"):
+        slim_kernel.dsv3_router_gemm(torch.randn(2, 64).bfloat16(), torch.randn(8, 64).bfloat16(),
+                                     backend="flashinfer")
+
+
+def test_import_is_lazy():
+    import subprocess
+    code = ("import sys, slim_kernel; assert 'torch' not in sys.modules; "
+            "slim_kernel.dsv3_router_gemm; assert 'torch' in sys.modules; "
+            "assert 'flashinfer' not in sys.modules; "
+            "assert 'slim_kernel._native' not in sys.modules")
+    subprocess.run([sys.executable, "-c", code], check=True)
