@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# One command on the GPU machine: install flashinfer (bundle) and the project, run the GPU
+# tests and the benchmarks, leave logs + JSON + PNG in $OUT (<= 8 files), print a summary last.
+#   bash benchmark/gpu_run.sh [STAGE ...]     stages: tests bench launch eager (default: all)
+# Needs .devwheels/ (python3 ../shared/device/make-bundle.py) carried with the command.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/slim_out}; mkdir -p "$OUT"
+STAGES=${*:-tests bench launch eager}
+export PYTHONUNBUFFERED=1 FLASHINFER_WORKSPACE_BASE=/tmp/fiws FLASHINFER_CUDA_ARCH_LIST=9.0a MAX_JOBS=16
+export SLIM_KERNEL_CACHE_DIR=/tmp/slim_cache
+t0=$(date +%s)
+stamp() { echo "[gpu_run +$(( $(date +%s) - t0 ))s] $*"; }
+
+if ls .devwheels/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .devwheels/*.whl
+  export PYTHONPATH=/tmp/site
+fi
+# flashinfer JIT-builds each module on first use (30-50 s each): build the ones we use in the
+# background while the project installs, into the same workspace the tests then reuse.
+warm_pids=()
+for step in bmm_fp8 router tinygemm; do
+  python3 benchmark/warm_flashinfer.py $step >>"$OUT/warm_flashinfer.log" 2>&1 & warm_pids+=($!)
+done
+
+stamp "installing slim-kernel"
+python3 -m pip install -q --no-build-isolation --no-deps . 2>&1 | tail -5
+(cd /tmp && python3 -m slim_kernel info) | tee "$OUT/info.txt"
+stamp "waiting for flashinfer modules"; wait "${warm_pids[@]}"; tail -3 "$OUT/warm_flashinfer.log"
+
+summary=()
+if [[ " $STAGES " == *" tests "* ]]; then
+  stamp "pytest -m gpu"
+  python3 -m pytest tests -m gpu -q -p no:cacheprovider -x --maxfail=20 -o addopts="" -rfEs \
+      >"$OUT/pytest_gpu.log" 2>&1
+  summary+=("pytest -m gpu: $(tail -1 "$OUT/pytest_gpu.log")")
+  stamp "pytest done"
+fi
+if [[ " $STAGES " == *" bench "* && -f benchmark/bench_gemm.py ]]; then
+  stamp "bench_gemm"
+  python3 benchmark/bench_gemm.py --json "$OUT/bench_gemm.json" --png "$OUT/bench_gemm.png" 2>&1 | tail -40
+fi
+if [[ " $STAGES " == *" launch "* && -f benchmark/bench_launch.py ]]; then
+  stamp "bench_launch"
+  python3 benchmark/bench_launch.py --json "$OUT/bench_launch.json" 2>&1 | tail -20
+fi
+if [[ " $STAGES " == *" eager "* && -f benchmark/bench_eager.py ]]; then
+  stamp "bench_eager"
+  python3 benchmark/bench_eager.py --json "$OUT/bench_eager.json" --png "$OUT/bench_eager.png" 2>&1 | tail -30
+fi
+stamp "done"
+grep -E "^(FAILED|ERROR)" "$OUT/pytest_gpu.log" 2>/dev/null | head -20
+printf '%s\n' "${summary[@]}"
