@@ -7,7 +7,7 @@ import torch
 from .. import registry
 from ..registry import KernelBackend, KernelSpec
 from . import _validate as v
-from ._dispatch import flashinfer_probe, run
+from ._dispatch import define, flashinfer_probe
 
 OP = "bmm_fp8"
 FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
@@ -34,15 +34,7 @@ registry.register(
 )
 
 
-@torch.library.custom_op("slim_kernel::bmm_fp8", mutates_args=("out",), device_types=("cpu", "cuda"))
-def _bmm_fp8_op(out: torch.Tensor, A: torch.Tensor, B: torch.Tensor, A_scale: torch.Tensor,
-                B_scale: torch.Tensor, backend: str | None = None) -> None:
-    run(OP, backend, out, A, B, A_scale, B_scale)
-
-
-@_bmm_fp8_op.register_fake
-def _(out, A, B, A_scale, B_scale, backend=None) -> None:
-    return None
+_bmm_fp8_op = define(OP, "Tensor A, Tensor B, Tensor A_scale, Tensor B_scale")
 
 
 def _scale(name: str, s, device: torch.device) -> None:

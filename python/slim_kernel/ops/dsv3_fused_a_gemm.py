@@ -7,7 +7,7 @@ import torch
 from .. import registry
 from ..registry import KernelBackend, KernelSpec
 from . import _validate as v
-from ._dispatch import flashinfer_probe, run
+from ._dispatch import define, flashinfer_probe
 
 OP = "dsv3_fused_a_gemm"
 
@@ -35,14 +35,7 @@ registry.register(
 )
 
 
-@torch.library.custom_op("slim_kernel::dsv3_fused_a_gemm", mutates_args=("output",), device_types=("cpu", "cuda"))
-def _fused_a_op(output: torch.Tensor, mat_a: torch.Tensor, mat_b: torch.Tensor, backend: str | None = None) -> None:
-    run(OP, backend, output, mat_a, mat_b)
-
-
-@_fused_a_op.register_fake
-def _(output, mat_a, mat_b, backend=None) -> None:
-    return None
+_fused_a_op = define(OP, "Tensor mat_a, Tensor mat_b")
 
 
 def validate(mat_a, mat_b, output) -> tuple[int, int]:

@@ -7,7 +7,7 @@ import torch
 from .. import registry
 from ..registry import KernelBackend, KernelSpec
 from . import _validate as v
-from ._dispatch import flashinfer_probe, run
+from ._dispatch import define, flashinfer_probe
 
 OP = "dsv3_router_gemm"
 OUT_DTYPES = (torch.float32, torch.bfloat16)
@@ -37,15 +37,7 @@ registry.register(
 )
 
 
-@torch.library.custom_op("slim_kernel::dsv3_router_gemm", mutates_args=("output",), device_types=("cpu", "cuda"))
-def _router_op(output: torch.Tensor, hidden_states: torch.Tensor, router_weights: torch.Tensor,
-               backend: str | None = None) -> None:
-    run(OP, backend, output, hidden_states, router_weights)
-
-
-@_router_op.register_fake
-def _(output, hidden_states, router_weights, backend=None) -> None:
-    return None
+_router_op = define(OP, "Tensor hidden_states, Tensor router_weights")
 
 
 def validate(hidden_states, router_weights, out_dtype, output) -> tuple[int, int]:
