@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from .. import registry
+from ..backends import jit as _jit
 from ..registry import KernelBackend, KernelSpec
 from . import _validate as v
 from ._dispatch import define, flashinfer_probe
@@ -26,7 +27,12 @@ def _flashinfer_check(output, mat_a, mat_b) -> str | None:
     return None
 
 
+# Priority: jit, flashinfer, torch. Our kernel (kernels/dsv3_fused_a_gemm.cuh) covers M <= 16,
+# K % 8 == 0, any N, row-strided mat_a, on SM >= 9.0; tinygemm needs K % 64, N % 16.
 registry.register(
+    KernelSpec(OP, KernelBackend.JIT, "slim_kernel.backends.jit:dsv3_fused_a_gemm",
+               min_sm=(9, 0), check=_jit.fused_a_check, probe=_jit.probe,
+               note="first for M<=16 (swap-AB mma, cp.async ring, split-K over warps and a cluster)"),
     KernelSpec(OP, KernelBackend.FLASHINFER, "slim_kernel.backends.flashinfer:dsv3_fused_a_gemm",
                min_sm=(9, 0), check=_flashinfer_check, probe=flashinfer_probe,
                note="tinygemm_bf16(mat_a, mat_b.T)"),

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from .. import registry
+from ..backends import jit as _jit
 from ..registry import KernelBackend, KernelSpec
 from . import _validate as v
 from ._dispatch import define, flashinfer_probe
@@ -28,7 +29,12 @@ def _flashinfer_check(output, hidden_states, router_weights) -> str | None:
     return None
 
 
+# Priority: jit, flashinfer, torch. Our kernel (kernels/dsv3_router_gemm.cuh) covers M <= 16,
+# any E, K % 8 == 0, row-strided activations, on SM >= 9.0; flashinfer covers K=7168, E 256/384.
 registry.register(
+    KernelSpec(OP, KernelBackend.JIT, "slim_kernel.backends.jit:dsv3_router_gemm",
+               min_sm=(9, 0), check=_jit.router_check, probe=_jit.probe,
+               note="first for M<=16 (split-K cluster swap-AB mma; no slower than flashinfer on H200)"),
     KernelSpec(OP, KernelBackend.FLASHINFER, "slim_kernel.backends.flashinfer:dsv3_router_gemm",
                min_sm=(9, 0), max_sm=(10, 7), check=_flashinfer_check, probe=flashinfer_probe,
                note="mm_M1_16_K7168_N256/N384 (+_bf16)"),

@@ -1,0 +1,260 @@
+"""JIT backend: our CUDA kernels (``slim_kernel/jit/kernels/``) served through the JIT runtime.
+
+Both ops are the same skinny GEMM, ``out(M, N) = act(M, K) @ W(N, K)^T`` with M <= 16
+(kernel body: ``kernels/common.cuh``): the router with W = the (E, K) router weight and fp32
+or bf16 out, fused-A with W = ``mat_b.T`` (the contiguous (N, K) weight) and bf16 out.
+
+Importing this module imports only torch: the JIT runtime (``slim_kernel.jit``) is imported
+on the first launch. The per-call path is one dict lookup for the launch plan plus the launch.
+
+Knobs (environment, read at import; ``set_config``/``set_pdl`` change them at run time):
+  SLIM_KERNEL_PDL=0|1                       programmatic dependent launch (default 1)
+  SLIM_KERNEL_JIT_CONFIG_DSV3_ROUTER_GEMM   tile rules, e.g. "rt=1,stages=8,warps=4,split=0"
+  SLIM_KERNEL_JIT_CONFIG_DSV3_FUSED_A_GEMM  or per M: "8:rt=1,warps=8,split=1;16:rt=4,split=4"
+A rule "MAXM:k=v,..." applies to M <= MAXM (first match); rt and stages are compile-time
+(each value is one more kernel instance), warps and split (cluster size along K, 0 = fill
+the SMs, at most 8) are launch-time.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, replace
+
+import torch
+
+ROUTER = "dsv3_router_gemm"
+FUSED_A = "dsv3_fused_a_gemm"
+MAX_M = 16
+VEC = 8  # bf16 elements per 16-byte load: K and row strides must be multiples of this
+MAX_CLUSTER = 8  # portable cluster size limit
+MAX_SMEM = 227 * 1024
+SIGNATURE = "pppiiiiii"  # act, w, out, M, N, K, ld_act, ld_w, ld_out
+_INT32_MAX = 2**31 - 1
+
+
+@dataclass(frozen=True)
+class GemmConfig:
+    rt: int = 1  # 16-row weight tiles per CTA (compile-time)
+    stages: int = 4  # per-warp cp.async ring depth in 32-k blocks (compile-time)
+    warps: int = 4  # warps per CTA (launch-time)
+    split: int = 0  # CTAs per cluster splitting K; 0 = as many as fill the SMs (launch-time)
+
+    def __post_init__(self):
+        if not (1 <= self.rt <= 8 and 2 <= self.stages <= 16 and 1 <= self.warps <= 8
+                and 0 <= self.split <= MAX_CLUSTER):
+            raise ValueError(f"bad JIT GEMM config {self}: need rt 1..8, stages 2..16, warps 1..8, "
+                             f"split 0..{MAX_CLUSTER}")
+
+
+# Defaults (first measured guesses; see benchmark/results/h200/ for the numbers behind them).
+DEFAULT_RULES = {
+    ROUTER: ((MAX_M, GemmConfig(rt=1, stages=8, warps=4, split=0)),),
+    FUSED_A: ((MAX_M, GemmConfig(rt=4, stages=4, warps=4, split=0)),),
+}
+_SOURCES = {
+    ROUTER: ("dsv3_router_gemm.cuh", "dsv3_router_gemm_kernel"),
+    FUSED_A: ("dsv3_fused_a_gemm.cuh", "dsv3_fused_a_gemm_kernel"),
+}
+_OUT_DTYPES = {ROUTER: (torch.float32, torch.bfloat16), FUSED_A: (torch.bfloat16,)}
+
+
+def parse_rules(text: str) -> tuple[tuple[int, GemmConfig], ...]:
+    """"rt=1,warps=4" or "8:rt=1,split=1;16:rt=4" -> ((max_m, GemmConfig), ...), sorted by max_m."""
+    rules = []
+    for part in filter(None, (p.strip() for p in text.split(";"))):
+        max_m, sep, body = part.partition(":")
+        if not sep:
+            max_m, body = str(MAX_M), part
+        fields = {}
+        for item in filter(None, (f.strip() for f in body.split(","))):
+            key, eq, value = item.partition("=")
+            if not eq or key.strip() not in GemmConfig.__dataclass_fields__:
+                raise ValueError(f"bad JIT config item {item!r} in {text!r} "
+                                 f"(keys: {', '.join(GemmConfig.__dataclass_fields__)})")
+            fields[key.strip()] = int(value)
+        rules.append((int(max_m), GemmConfig(**fields)))
+    rules.sort(key=lambda r: r[0])
+    if not rules or rules[-1][0] < MAX_M:
+        raise ValueError(f"JIT config {text!r} must cover M up to {MAX_M}")
+    return tuple(rules)
+
+
+def _env_rules(op: str):
+    text = os.environ.get(f"SLIM_KERNEL_JIT_CONFIG_{op.upper()}")
+    return parse_rules(text) if text else DEFAULT_RULES[op]
+
+
+_RULES = {op: _env_rules(op) for op in _SOURCES}
+PDL = os.environ.get("SLIM_KERNEL_PDL", "1").strip() not in ("0", "false", "off", "")
+_PLANS: dict = {}  # (op, m, n, k, out dtype, device index) -> _Plan
+
+
+def set_config(op: str, rules: str | tuple | None) -> None:
+    """Replace an op's tile rules (a rule string, parsed rules, or None for the defaults)."""
+    _RULES[op] = DEFAULT_RULES[op] if rules is None else parse_rules(rules) if isinstance(rules, str) else rules
+    _PLANS.clear()
+
+
+def set_pdl(enabled: bool) -> None:
+    global PDL
+    PDL = bool(enabled)
+
+
+def config_for(op: str, m: int) -> GemmConfig:
+    return next(cfg for max_m, cfg in _RULES[op] if m <= max_m)
+
+
+def instance(op: str, m: int, out_dtype: torch.dtype, cfg: GemmConfig):
+    from ..jit.spec import KernelInstance
+
+    source, entry = _SOURCES[op]
+    defines = {"SK_NT": 1 if m <= 8 else 2, "SK_RT": cfg.rt, "SK_STAGES": cfg.stages}
+    if op == ROUTER:
+        defines["SK_OUT_BF16"] = int(out_dtype == torch.bfloat16)
+    return KernelInstance.make(source, entry, SIGNATURE, **defines)
+
+
+def all_instances() -> list:
+    """Every kernel instantiation the ops can launch with the current rules (for precompile)."""
+    seen = []
+    for op, rules in _RULES.items():
+        lo = 1
+        for max_m, cfg in rules:
+            for m in sorted({lo, max_m} & set(range(1, MAX_M + 1))):
+                for dt in _OUT_DTYPES[op]:
+                    inst = instance(op, m, dt, cfg)
+                    if inst not in seen:
+                        seen.append(inst)
+            lo = max_m + 1
+    return seen
+
+
+def smem_bytes(cfg: GemmConfig, nt: int) -> int:
+    """Mirror of skinny_ring_bytes/skinny_reduce_bytes in kernels/common.cuh."""
+    ring = cfg.stages * cfg.warps * (2 * cfg.rt + nt) * 512
+    reduce = (cfg.warps + 1) * cfg.rt * nt * 128 * 4
+    return max(ring, reduce)
+
+
+@dataclass(frozen=True)
+class _Plan:
+    launch: object  # bound LoadedKernel.launch
+    grid: tuple
+    block: tuple
+    smem: int
+    cluster: tuple | None
+
+
+_SM_COUNT: dict[int, int] = {}
+
+
+def _sm_count(device_index: int) -> int:
+    n = _SM_COUNT.get(device_index)
+    if n is None:
+        n = _SM_COUNT[device_index] = torch.cuda.get_device_properties(device_index).multi_processor_count
+    return n
+
+
+def plan(op: str, m: int, n: int, k: int, out_dtype: torch.dtype, device_index: int) -> _Plan:
+    key = (op, m, n, k, out_dtype, device_index)
+    p = _PLANS.get(key)
+    if p is None:
+        p = _PLANS[key] = _make_plan(op, m, n, k, out_dtype, device_index)
+    return p
+
+
+def launch_geometry(cfg: GemmConfig, n: int, k: int, sm_count: int) -> tuple[tuple, tuple, tuple | None]:
+    """grid, block, cluster for one call (split = 0 fills the SMs with clusters along K)."""
+    groups = -(-n // (16 * cfg.rt))
+    blocks_k = -(-k // 32)
+    split = cfg.split or max(1, sm_count // groups)
+    split = max(1, min(split, MAX_CLUSTER, blocks_k // cfg.warps or 1))
+    return (groups, split, 1), (32 * cfg.warps, 1, 1), ((1, split, 1) if split > 1 else None)
+
+
+def _make_plan(op, m, n, k, out_dtype, device_index) -> _Plan:
+    from ..jit import get_kernel
+
+    cfg = config_for(op, m)
+    nt = 1 if m <= 8 else 2
+    smem = smem_bytes(cfg, nt)
+    if smem > MAX_SMEM:
+        raise ValueError(f"{op}: JIT config {cfg} needs {smem} bytes of shared memory (max {MAX_SMEM})")
+    grid, block, cluster = launch_geometry(cfg, n, k, _sm_count(device_index))
+    kernel = get_kernel(instance(op, m, out_dtype, cfg), device_index)
+    return _Plan(kernel.launch, grid, block, smem, cluster)
+
+
+try:  # the raw stream handle without building a torch.cuda.Stream object
+    from torch._C import _cuda_getCurrentRawStream as _raw_stream
+except ImportError:  # pragma: no cover - older/newer torch
+    def _raw_stream(device_index: int) -> int:
+        return torch.cuda.current_stream(device_index).cuda_stream
+
+
+def _run(op, output, act, w_ptr, ld_w, n):
+    m, k = act.shape
+    dev = act.device.index
+    p = plan(op, m, n, k, output.dtype, dev)
+    p.launch(p.grid, p.block,
+             (act.data_ptr(), w_ptr, output.data_ptr(), m, n, k, act.stride(0) if m > 1 else k, ld_w,
+              output.stride(0)),
+             stream=_raw_stream(dev), smem=p.smem, pdl=PDL, cluster=p.cluster)
+
+
+def dsv3_router_gemm(output: torch.Tensor, hidden_states: torch.Tensor, router_weights: torch.Tensor) -> None:
+    _run(ROUTER, output, hidden_states, router_weights.data_ptr(), router_weights.stride(0),
+         router_weights.shape[0])
+
+
+def dsv3_fused_a_gemm(output: torch.Tensor, mat_a: torch.Tensor, mat_b: torch.Tensor) -> None:
+    # mat_b (K, N) column-major is the (N, K) weight read row by row: row stride = mat_b.stride(1).
+    _run(FUSED_A, output, mat_a, mat_b.data_ptr(), mat_b.stride(1), mat_b.shape[1])
+
+
+# ---- per-call eligibility (used by the op modules' KernelSpec.check; pure torch, no runtime) ----
+
+def _operand_reason(name: str, t: torch.Tensor, rows: int, k: int, row_stride: int, k_stride: int) -> str | None:
+    if k > 1 and k_stride != 1:
+        return f"{name} is not unit-stride along K (strides {t.stride()})"
+    if rows > 1 and (row_stride % VEC or row_stride > _INT32_MAX):
+        return f"{name} row stride {row_stride} is not a multiple of {VEC} below 2**31"
+    if t.data_ptr() % 16:
+        return f"{name} is not 16-byte aligned"
+    return None
+
+
+def _common_reason(output, act, n) -> str | None:
+    m, k = act.shape
+    if not 1 <= m <= MAX_M:
+        return f"M={m} is outside 1..{MAX_M}"
+    if k % VEC:
+        return f"K={k} is not a multiple of {VEC}"
+    if n > _INT32_MAX or k > _INT32_MAX or output.stride(0) > _INT32_MAX:
+        return "a dimension does not fit in int32"
+    if n > 1 and output.stride(1) != 1:
+        return "output is not row-major"
+    return _operand_reason("activation", act, m, k, act.stride(0), act.stride(1))
+
+
+def router_check(output, hidden_states, router_weights) -> str | None:
+    e, k = router_weights.shape
+    return (_common_reason(output, hidden_states, e)
+            or _operand_reason("router_weights", router_weights, e, k, router_weights.stride(0),
+                               router_weights.stride(1)))
+
+
+def fused_a_check(output, mat_a, mat_b) -> str | None:
+    k, n = mat_b.shape
+    return (_common_reason(output, mat_a, n)
+            or _operand_reason("mat_b.T", mat_b, n, k, mat_b.stride(1), mat_b.stride(0)))
+
+
+def probe() -> str | None:
+    """Cheap availability check for `slim-kernel info` (None = usable)."""
+    try:
+        from ..jit import available
+    except ImportError as exc:
+        return f"JIT runtime missing: {exc}"
+    return available()

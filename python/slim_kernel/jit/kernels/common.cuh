@@ -1,0 +1,251 @@
+// Skinny bf16 GEMM for decode: out(M, N) = act(M, K) @ W(N, K)^T, fp32 accumulation, M <= 16.
+//
+// Shared by dsv3_router_gemm (W = router weight, N = experts, out fp32 or bf16) and
+// dsv3_fused_a_gemm (W = mat_b^T, the contiguous (N, K) weight, out bf16). Device code only,
+// no host code and no std headers, so NVRTC, nvcc -cubin and an AOT build all compile it.
+//
+// Design (swap-AB, mma.sync.m16n8k16 bf16 -> fp32):
+//  * Weight rows are the MMA "M" dimension (16 rows per row tile), tokens the "N" dimension
+//    (NT tiles of 8 tokens: NT = 1 for M <= 8, 2 for M <= 16).
+//  * K-permuted fragments: the sum over K does not care about the order of k, as long as the
+//    A and B fragments use the same permutation. In a block of 32 k, thread (g = lane/4,
+//    t = lane%4) owns k = 8t..8t+7 of weight rows g and g+8 and of token g: one 16-byte load
+//    each, which feed two k16 MMA steps directly (no ldmatrix, no shuffles, no smem sharing).
+//  * Each thread streams its own 16-byte chunks through a private cp.async ring in shared
+//    memory (STAGES deep) -- shared memory is only an in-flight buffer, so there is no
+//    __syncthreads in the main loop and registers do not limit the bytes in flight.
+//  * A CTA owns RT row tiles (RT*16 rows) and one K slice; its warps split that slice
+//    (intra-CTA split-K). The CTAs of a thread-block cluster (dims (1, S, 1)) split K further.
+//    Partials are reduced in a fixed order: warps through shared memory, then cluster ranks
+//    through distributed shared memory. No atomics: repeated runs are bit-identical.
+//  * PDL: weights are model parameters and are fetched before griddepcontrol.wait; the
+//    activation only after it. launch_dependents is signalled at entry (dependents still
+//    wait for this grid's completion in their own griddepcontrol.wait).
+//
+// Launch contract (see slim_kernel/backends/jit.py):
+//   grid (ceil(N / (16*RT)), S, 1), cluster (1, S, 1) when S > 1, block 32*W threads,
+//   dynamic smem = skinny_smem_bytes(RT, NT, STAGES, W) (host mirror in jit.py).
+//   Requirements: K % 8 == 0, lda % 8 == 0, ldw % 8 == 0, act/w 16-byte aligned, M <= 8*NT.
+#pragma once
+#include <cuda_bf16.h>
+
+namespace slim {
+
+__device__ __forceinline__ unsigned smem_addr(const void* p) {
+    unsigned long long a;
+    asm("cvta.to.shared.u64 %0, %1;" : "=l"(a) : "l"(p));
+    return static_cast<unsigned>(a);
+}
+
+// 16-byte async copy global -> shared; src_bytes = 0 writes zeros and reads nothing.
+__device__ __forceinline__ void cp_async16(unsigned dst, const void* src, int src_bytes) {
+    asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;\n"
+                 :: "r"(dst), "l"(src), "r"(src_bytes) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" :: "n"(N) : "memory"); }
+
+__device__ __forceinline__ void lds128(unsigned addr, unsigned (&v)[4]) {
+    asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(v[0]), "=r"(v[1]), "=r"(v[2]), "=r"(v[3]) : "r"(addr));
+}
+
+// D += A(16x16, row) * B(16x8, col), bf16 inputs, fp32 accumulators.
+__device__ __forceinline__ void mma_bf16_16816(float (&d)[4], unsigned a0, unsigned a1, unsigned a2,
+                                               unsigned a3, unsigned b0, unsigned b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+                 "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
+__device__ __forceinline__ void pdl_launch_dependents() { asm volatile("griddepcontrol.launch_dependents;\n" :::); }
+
+__device__ __forceinline__ unsigned cluster_rank() {
+    unsigned r;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+    return r;
+}
+__device__ __forceinline__ unsigned cluster_size() {
+    unsigned r;
+    asm volatile("mov.u32 %0, %%cluster_nctarank;\n" : "=r"(r));
+    return r;
+}
+// Release/acquire cluster barrier: makes this CTA's shared-memory writes visible to the cluster.
+__device__ __forceinline__ void cluster_sync() {
+    asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+}
+// Execution-only cluster barrier (no memory ordering): used to keep shared memory alive.
+__device__ __forceinline__ void cluster_sync_relaxed() {
+    asm volatile("barrier.cluster.arrive.relaxed.aligned;\nbarrier.cluster.wait.aligned;\n" ::: "memory");
+}
+// Read a float at the same shared-memory offset in the CTA of cluster rank `rank`.
+__device__ __forceinline__ float ld_dsmem_f32(unsigned local_addr, unsigned rank) {
+    unsigned remote;
+    float v;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(local_addr), "r"(rank));
+    asm volatile("ld.shared::cluster.f32 %0, [%1];\n" : "=f"(v) : "r"(remote) : "memory");
+    return v;
+}
+
+template <bool OUT_BF16>
+__device__ __forceinline__ void store_out(void* out, long long idx, float v) {
+    if constexpr (OUT_BF16) {
+        static_cast<__nv_bfloat16*>(out)[idx] = __float2bfloat16_rn(v);
+    } else {
+        static_cast<float*>(out)[idx] = v;
+    }
+}
+
+// Shared memory: max(pipeline ring, warp partials + CTA sums). Mirrored in backends/jit.py.
+__host__ __device__ constexpr int skinny_ring_bytes(int rt, int nt, int stages, int warps) {
+    return stages * warps * (2 * rt + nt) * 512;
+}
+__host__ __device__ constexpr int skinny_reduce_bytes(int rt, int nt, int warps) {
+    return (warps + 1) * rt * nt * 128 * 4;
+}
+
+template <int RT, int NT, int STAGES, bool OUT_BF16>
+__device__ __forceinline__ void skinny_gemm(const __nv_bfloat16* __restrict__ act, const __nv_bfloat16* __restrict__ w,
+                                            void* __restrict__ out, int M, int N, int K, int lda, int ldw, int ldo) {
+    static_assert(RT >= 1 && NT >= 1 && NT <= 2 && STAGES >= 2, "bad tile config");
+    constexpr int L = 2 * RT + NT;  // 16-byte chunks per thread per 32-k block: weight rows g, g+8 per tile; tokens
+    constexpr int FR = RT * NT * 4;  // accumulator floats per thread
+    constexpr int ROWS = RT * 16;
+
+    extern __shared__ __align__(16) unsigned char smem[];
+
+    pdl_launch_dependents();
+
+    const int lane = threadIdx.x & 31;
+    const int warp = threadIdx.x >> 5;
+    const int nwarps = blockDim.x >> 5;
+    const int g = lane >> 2;
+    const int t = lane & 3;
+    const unsigned crank = cluster_rank();
+    const unsigned csize = cluster_size();
+    const int row0 = blockIdx.x * ROWS;
+
+    // Per-chunk source rows (element offsets) and validity; out-of-range rows/tokens read zeros.
+    const __nv_bfloat16* src[L];
+    bool ok[L];
+#pragma unroll
+    for (int l = 0; l < L; ++l) {
+        if (l < 2 * RT) {
+            const int row = row0 + (l >> 1) * 16 + g + 8 * (l & 1);
+            ok[l] = row < N;
+            src[l] = w + (long long)(ok[l] ? row : 0) * ldw + 8 * t;
+        } else {
+            const int tok = (l - 2 * RT) * 8 + g;
+            ok[l] = tok < M;
+            src[l] = act + (long long)(ok[l] ? tok : 0) * lda + 8 * t;
+        }
+    }
+
+    // This warp's K range, in 32-k blocks, balanced over all warps of the cluster.
+    const int nb = (K + 31) >> 5;
+    const int parts = (int)csize * nwarps;
+    const int q = (int)crank * nwarps + warp;
+    const int b0 = (int)((long long)q * nb / parts);
+    const int nblk = (int)((long long)(q + 1) * nb / parts) - b0;
+
+    const unsigned ring = smem_addr(smem) + (unsigned)(warp * STAGES * L * 512 + lane * 16);
+
+    auto issue = [&](int stage, int blk, int lo, int hi) {
+        const int k = (b0 + blk) * 32;  // thread's chunk starts at k + 8t (src already has + 8t)
+        const bool kok = k + 8 * t < K;
+        const unsigned dst = ring + (unsigned)(stage * L * 512);
+#pragma unroll
+        for (int l = 0; l < L; ++l) {
+            if (l >= lo && l < hi) cp_async16(dst + l * 512, src[l] + k, (ok[l] && kok) ? 16 : 0);
+        }
+    };
+
+    // Prologue: weights of the first STAGES-1 blocks before the PDL wait, then the activation.
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; ++s)
+        if (s < nblk) issue(s, s, 0, 2 * RT);
+    pdl_wait();
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; ++s) {
+        if (s < nblk) issue(s, s, 2 * RT, L);
+        cp_async_commit();
+    }
+
+    float acc[RT][NT][4];
+#pragma unroll
+    for (int r = 0; r < RT; ++r)
+#pragma unroll
+        for (int n = 0; n < NT; ++n)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) acc[r][n][i] = 0.f;
+
+    int rd = 0;           // ring stage read this iteration
+    int wr = STAGES - 1;  // ring stage refilled this iteration (read in the previous one)
+    for (int i = 0; i < nblk; ++i) {
+        if (i + STAGES - 1 < nblk) issue(wr, i + STAGES - 1, 0, L);
+        cp_async_commit();
+        cp_async_wait<STAGES - 1>();  // block i has landed (own copies are visible to this thread)
+        unsigned v[L][4];
+        const unsigned base = ring + (unsigned)(rd * L * 512);
+#pragma unroll
+        for (int l = 0; l < L; ++l) lds128(base + l * 512, v[l]);
+#pragma unroll
+        for (int s = 0; s < 2; ++s)
+#pragma unroll
+            for (int r = 0; r < RT; ++r)
+#pragma unroll
+                for (int n = 0; n < NT; ++n)
+                    mma_bf16_16816(acc[r][n], v[2 * r][2 * s], v[2 * r + 1][2 * s], v[2 * r][2 * s + 1],
+                                   v[2 * r + 1][2 * s + 1], v[2 * RT + n][2 * s], v[2 * RT + n][2 * s + 1]);
+        rd = rd + 1 == STAGES ? 0 : rd + 1;
+        wr = wr + 1 == STAGES ? 0 : wr + 1;
+    }
+    cp_async_wait<0>();
+    __syncthreads();  // ring is reused for the partials below
+
+    // Warp partials, fragment-major so the writes are conflict-free.
+    float* red = reinterpret_cast<float*>(smem);
+#pragma unroll
+    for (int r = 0; r < RT; ++r)
+#pragma unroll
+        for (int n = 0; n < NT; ++n)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) red[(warp * FR + (r * NT + n) * 4 + i) * 32 + lane] = acc[r][n][i];
+    __syncthreads();
+
+    // CTA sums in (token, row) order; output index o = token * ROWS + row_local.
+    float* csum = red + nwarps * FR * 32;
+    const int m_used = M < NT * 8 ? M : NT * 8;
+    const int outs = m_used * ROWS;
+    for (int o = threadIdx.x; o < outs; o += blockDim.x) {
+        const int tok = o / ROWS, rl = o - tok * ROWS;
+        const int rr = rl & 15, tt = tok & 7;
+        const int p = (((rl >> 4) * NT + (tok >> 3)) * 4 + (rr >> 3) * 2 + (tt & 1)) * 32 + (rr & 7) * 4 + (tt >> 1);
+        float s = 0.f;
+        for (int wi = 0; wi < nwarps; ++wi) s += red[wi * FR * 32 + p];
+        if (csize == 1) {
+            if (row0 + rl < N) store_out<OUT_BF16>(out, (long long)tok * ldo + row0 + rl, s);
+        } else {
+            csum[o] = s;
+        }
+    }
+    if (csize == 1) return;
+
+    // Cluster reduction: rank r finalises a contiguous share of the outputs, summing ranks in order.
+    cluster_sync();
+    const int per = (outs + (int)csize - 1) / (int)csize;
+    const int o_end = outs < ((int)crank + 1) * per ? outs : ((int)crank + 1) * per;
+    const unsigned csum_addr = smem_addr(csum);
+    for (int o = (int)crank * per + threadIdx.x; o < o_end; o += blockDim.x) {
+        const int tok = o / ROWS, rl = o - tok * ROWS;
+        float s = 0.f;
+        for (unsigned rk = 0; rk < csize; ++rk) s += ld_dsmem_f32(csum_addr + o * 4, rk);
+        if (row0 + rl < N) store_out<OUT_BF16>(out, (long long)tok * ldo + row0 + rl, s);
+    }
+    cluster_sync_relaxed();  // keep this CTA's shared memory alive until every rank has read it
+}
+
+}  // namespace slim
