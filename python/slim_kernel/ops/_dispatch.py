@@ -30,9 +30,12 @@ def define(op: str, params: str):
     """
     LIB.define(f"{op}(Tensor(a!) output, {params}, str? backend=None) -> ()")
 
+    n_inputs = params.count("Tensor")
+
     def kernel(output, *rest):
-        *inputs, backend = rest
-        run(op, backend, output, *inputs)
+        # The dispatcher drops trailing arguments that equal their default (backend=None).
+        backend = rest[n_inputs] if len(rest) > n_inputs else None
+        run(op, backend, output, *rest[:n_inputs])
 
     for key in ("CPU", "CUDA"):
         LIB.impl(op, kernel, key)
