@@ -1,0 +1,200 @@
+"""Eager per-call host cost of the public ops vs the libraries they route to (issue 7).
+
+For each shape, in one run: our public op per backend, the backend function called
+directly, the direct flashinfer call, and torch (F.linear / torch.bmm) of the same shape.
+Host µs/call = wall time of a loop of eager calls (no sync inside) / calls, median of
+repeats; graph µs/call = CUDA-graph replay of the same calls. cProfile tops for two ops.
+
+    python benchmark/bench_eager.py --json OUT.json [--png OUT.png]
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import importlib
+import io
+import json
+import pstats
+import statistics
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+
+import slim_kernel as sk
+
+DEV = "cuda"
+CALLS, REPEATS, GRAPH_CALLS = 400, 7, 50
+
+
+def host_us(fn) -> float:
+    for _ in range(30):
+        fn()
+    torch.cuda.synchronize()
+    samples = []
+    for _ in range(REPEATS):
+        t = time.perf_counter()
+        for _ in range(CALLS):
+            fn()
+        samples.append((time.perf_counter() - t) / CALLS * 1e6)
+        torch.cuda.synchronize()
+    return statistics.median(samples)
+
+
+def graph_us(fn) -> float:
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(GRAPH_CALLS):
+            fn()
+    graph.replay()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    samples = []
+    for _ in range(REPEATS):
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        samples.append(start.elapsed_time(end) * 1e3 / GRAPH_CALLS)
+    return statistics.median(samples)
+
+
+def _fp8(shape, dtype=torch.float8_e4m3fn):
+    return torch.randn(shape, device=DEV).to(dtype)
+
+
+def cases():
+    """(case name, {variant: zero-arg callable}) for every measured shape."""
+    fi = importlib.util.find_spec("flashinfer") is not None
+    if fi:
+        import flashinfer
+        from flashinfer.gemm import mm_M1_16_K7168_N256, tinygemm_bf16
+    jitb = importlib.import_module("slim_kernel.backends.jit") if _jit_ok() else None
+    fib = importlib.import_module("slim_kernel.backends.flashinfer") if fi else None
+    for tokens in (1, 64, 512):
+        for k, n in ((128, 512), (512, 128)):
+            A, W = _fp8((16, tokens, k)), _fp8((16, n, k))
+            B, s = W.transpose(-2, -1), torch.ones(1, device=DEV)
+            out = torch.empty(16, tokens, n, device=DEV, dtype=torch.bfloat16)
+            a16, b16 = A.bfloat16(), B.bfloat16()
+            v = {"torch.bmm (bf16)": lambda a16=a16, b16=b16: torch.bmm(a16, b16)}
+            if fi:
+                v["flashinfer.bmm_fp8"] = lambda A=A, B=B, s=s, out=out: flashinfer.bmm_fp8(
+                    A, B, s, s, torch.bfloat16, out, backend="cublas")
+                v["sk.bmm_fp8 flashinfer"] = lambda A=A, B=B, s=s, out=out: sk.bmm_fp8(
+                    A, B, s, s, torch.bfloat16, out, backend="flashinfer")
+                v["backend fn flashinfer"] = lambda A=A, B=B, s=s, out=out: fib.bmm_fp8(out, A, B, s, s)
+            v["sk.bmm_fp8 torch"] = lambda A=A, B=B, s=s, out=out: sk.bmm_fp8(
+                A, B, s, s, torch.bfloat16, out, backend="torch")
+            yield f"bmm_fp8 h16 t{tokens} k{k} n{n}", v
+    for m in (1, 16):
+        h, Wr = torch.randn(m, 7168, device=DEV, dtype=torch.bfloat16), torch.randn(256, 7168, device=DEV,
+                                                                                    dtype=torch.bfloat16)
+        out = torch.empty(m, 256, device=DEV)
+        v = {"F.linear": lambda h=h, Wr=Wr: F.linear(h, Wr)}
+        if fi:
+            v["flashinfer mm_M1_16_K7168_N256"] = lambda h=h, Wr=Wr, out=out: mm_M1_16_K7168_N256(
+                h, Wr.t(), out, launch_with_pdl=False)
+            v["sk.router flashinfer"] = lambda h=h, Wr=Wr, out=out: sk.dsv3_router_gemm(
+                h, Wr, torch.float32, out, backend="flashinfer")
+        if jitb:
+            v["sk.router jit"] = lambda h=h, Wr=Wr, out=out: sk.dsv3_router_gemm(h, Wr, torch.float32, out,
+                                                                                backend="jit")
+            v["backend fn jit"] = lambda h=h, Wr=Wr, out=out: jitb.dsv3_router_gemm(out, h, Wr)
+        yield f"router M{m} E256 fp32", v
+        a, Wa = torch.randn(m, 7168, device=DEV, dtype=torch.bfloat16), torch.randn(2112, 7168, device=DEV,
+                                                                                    dtype=torch.bfloat16)
+        outa = torch.empty(m, 2112, device=DEV, dtype=torch.bfloat16)
+        v = {"F.linear": lambda a=a, Wa=Wa: F.linear(a, Wa)}
+        if fi:
+            v["flashinfer tinygemm_bf16"] = lambda a=a, Wa=Wa, outa=outa: tinygemm_bf16(a, Wa, outa)
+            v["sk.fused_a flashinfer"] = lambda a=a, Wa=Wa, outa=outa: sk.dsv3_fused_a_gemm(
+                a, Wa.t(), outa, backend="flashinfer")
+        if jitb:
+            v["sk.fused_a jit"] = lambda a=a, Wa=Wa, outa=outa: sk.dsv3_fused_a_gemm(a, Wa.t(), outa, backend="jit")
+            v["backend fn jit"] = lambda a=a, Wa=Wa, outa=outa: jitb.dsv3_fused_a_gemm(outa, a, Wa.t())
+        yield f"fused_a M{m} N2112", v
+
+
+def _jit_ok() -> bool:
+    try:
+        from slim_kernel.jit import available
+        return available() is None
+    except ImportError:
+        return False
+
+
+def profile(fn, calls=3000) -> list[str]:
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(calls):
+        fn()
+    prof.disable()
+    torch.cuda.synchronize()
+    buf = io.StringIO()
+    pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(12)
+    return [line for line in buf.getvalue().splitlines() if line.strip()][-14:]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--json", required=True)
+    parser.add_argument("--png")
+    args = parser.parse_args()
+    results, profiles = [], {}
+    for name, variants in cases():
+        row = {"case": name, "host_us": {}, "graph_us": {}, "errors": {}}
+        for label, fn in variants.items():
+            try:
+                row["host_us"][label] = round(host_us(fn), 2)
+                row["graph_us"][label] = round(graph_us(fn), 3)
+            except Exception as exc:  # record and go on: one broken backend must not hide the rest
+                row["errors"][label] = f"{type(exc).__name__}: {exc}"[:300]
+        results.append(row)
+        for label in ("sk.bmm_fp8 flashinfer", "sk.router jit"):
+            if label in variants and label not in profiles and label not in row["errors"]:
+                profiles[label] = profile(variants[label])
+    meta = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "slim_kernel": sk.__version__,
+            "command": " ".join(["python", *sys.argv]), "calls": CALLS, "repeats": REPEATS}
+    with open(args.json, "w") as f:
+        json.dump({"meta": meta, "results": results, "profiles": profiles}, f, indent=1)
+    if args.png:
+        plot(results, args.png)
+    print(f"{'case':<32} {'variant':<32} {'host us':>8} {'graph us':>9}")
+    for row in results:
+        for label, us in row["host_us"].items():
+            print(f"{row['case']:<32} {label:<32} {us:8.1f} {row['graph_us'][label]:9.2f}")
+        for label, err in row["errors"].items():
+            print(f"{row['case']:<32} {label:<32} ERROR {err[:80]}")
+    return 0
+
+
+def plot(results, path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(12, 0.45 * sum(len(r["host_us"]) for r in results) + 1))
+    labels, values = [], []
+    for row in results:
+        for label, us in row["host_us"].items():
+            labels.append(f"{row['case']} | {label}")
+            values.append(us)
+    ax.barh(range(len(values)), values, color=["tab:green" if "sk." in lab else "tab:gray" for lab in labels])
+    ax.set_yticks(range(len(labels)), labels, fontsize=7)
+    ax.invert_yaxis()
+    ax.set_xlabel("eager host time per call (µs), H200 host")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
