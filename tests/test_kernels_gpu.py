@@ -1,0 +1,299 @@
+"""Our JIT kernels for dsv3_router_gemm and dsv3_fused_a_gemm.
+
+GPU tests (``-m gpu``, need an SM >= 9.0 device and the JIT runtime): the full shape matrix
+against a float64 reference with poisoned outputs, bit-identical repeats, CUDA-graph capture
+and replay, PDL on and off, row-strided activation views, tails and odd shapes, and every
+tile configuration the benchmark may compare. CPU test: every kernel instance compiles for
+sm_90a with nvcc within the limits its source declares (registers, no spills).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+
+import slim_kernel
+from slim_kernel.backends import jit as jb
+from slim_kernel.registry import BackendUnavailableError
+
+KERNELS = Path(jb.__file__).resolve().parent.parent / "jit" / "kernels"
+FP32_TOL = 1e-5
+BF16_TOL = 5e-3
+
+
+def _cuda_sm90() -> bool:
+    return torch.cuda.is_available() and torch.cuda.get_device_capability() >= (9, 0)
+
+
+def gpu(test):
+    """GPU test: marked `gpu`, skipped without an SM >= 9.0 device."""
+    return pytest.mark.gpu(pytest.mark.skipif(not _cuda_sm90(), reason="needs a CUDA device with SM >= 9.0")(test))
+
+
+def _rand(*shape, gen=None):
+    # Normal values; never zero-filled. bf16 inputs, so the float64 reference sees the same values.
+    return torch.randn(*shape, generator=gen, device="cuda", dtype=torch.float32).to(torch.bfloat16)
+
+
+def _rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    return ((out.double() - ref).norm() / ref.norm()).item()
+
+
+def _check(out: torch.Tensor, ref: torch.Tensor, what: str) -> None:
+    assert not torch.isnan(out).any(), f"{what}: output has NaNs (an element was not written)"
+    tol = FP32_TOL if out.dtype == torch.float32 else BF16_TOL
+    err = _rel_err(out, ref)
+    assert err <= tol, f"{what}: relative error {err:.3g} > {tol}"
+
+
+def _router(x, w, out_dtype, backend="jit"):
+    out = torch.full((x.shape[0], w.shape[0]), float("nan"), device="cuda", dtype=out_dtype)
+    slim_kernel.dsv3_router_gemm(x, w, out_dtype, output=out, backend=backend)
+    return out
+
+
+def _fused_a(a, b, backend="jit"):
+    out = torch.full((a.shape[0], b.shape[1]), float("nan"), device="cuda", dtype=torch.bfloat16)
+    slim_kernel.dsv3_fused_a_gemm(a, b, output=out, backend=backend)
+    return out
+
+
+def _ref(act, w_nk):
+    return act.double() @ w_nk.double().t()
+
+
+@pytest.fixture(params=[True, False], ids=["pdl", "nopdl"])
+def pdl(request):
+    old = jb.PDL
+    jb.set_pdl(request.param)
+    yield request.param
+    jb.set_pdl(old)
+
+
+@pytest.fixture
+def restore_config():
+    saved = dict(jb._RULES)
+    yield
+    for op, rules in saved.items():
+        jb.set_config(op, rules)
+
+
+# ---------------------------------------------------------------- GPU: full matrix
+
+@gpu
+@pytest.mark.parametrize("out_dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+@pytest.mark.parametrize("k", [1024, 4096, 7168])
+@pytest.mark.parametrize("e", [256, 384])
+def test_router_matrix(e, k, out_dtype, pdl):
+    gen = torch.Generator(device="cuda").manual_seed(e * 100003 + k)
+    w = _rand(e, k, gen=gen)
+    for m in range(1, 17):
+        x = _rand(m, k, gen=gen)
+        _check(_router(x, w, out_dtype), _ref(x, w), f"router M={m} E={e} K={k} {out_dtype}")
+
+
+@gpu
+@pytest.mark.parametrize("k", [1024, 4096, 7168])
+@pytest.mark.parametrize("n", [2112, 2624])
+def test_fused_a_matrix(n, k, pdl):
+    gen = torch.Generator(device="cuda").manual_seed(n * 100003 + k)
+    w = _rand(n, k, gen=gen)  # the (N, K) weight; the op takes its transpose (K, N) column-major
+    for m in range(1, 17):
+        a = _rand(m, k, gen=gen)
+        _check(_fused_a(a, w.t()), _ref(a, w), f"fused_a M={m} N={n} K={k}")
+
+
+# ---------------------------------------------------------------- GPU: properties
+
+@gpu
+@pytest.mark.parametrize("m", [1, 5, 8, 9, 16])
+def test_repeated_runs_bit_identical(m, pdl):
+    gen = torch.Generator(device="cuda").manual_seed(m)
+    x, w = _rand(m, 7168, gen=gen), _rand(256, 7168, gen=gen)
+    a, wf = _rand(m, 7168, gen=gen), _rand(2112, 7168, gen=gen)
+    r0, f0 = _router(x, w, torch.float32), _fused_a(a, wf.t())
+    for _ in range(20):
+        assert torch.equal(_router(x, w, torch.float32), r0), "router: results differ between runs"
+        assert torch.equal(_fused_a(a, wf.t()), f0), "fused_a: results differ between runs"
+
+
+@gpu
+@pytest.mark.parametrize("m", [1, 7, 16])
+def test_cuda_graph_capture_and_replay(m, pdl):
+    gen = torch.Generator(device="cuda").manual_seed(100 + m)
+    x, w = _rand(m, 7168, gen=gen), _rand(384, 7168, gen=gen)
+    a, wf = _rand(m, 7168, gen=gen), _rand(2112, 7168, gen=gen)
+    r_out = torch.empty(m, 384, device="cuda", dtype=torch.float32)
+    f_out = torch.empty(m, 2112, device="cuda", dtype=torch.bfloat16)
+
+    def step():
+        slim_kernel.dsv3_router_gemm(x, w, torch.float32, output=r_out, backend="jit")
+        slim_kernel.dsv3_fused_a_gemm(a, wf.t(), output=f_out, backend="jit")
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        step()  # warm-up (compile, plan) outside the capture
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    for _ in range(3):  # new inputs each replay, poisoned outputs
+        x.copy_(_rand(m, 7168, gen=gen))
+        a.copy_(_rand(m, 7168, gen=gen))
+        r_out.fill_(float("nan"))
+        f_out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        _check(r_out, _ref(x, w), f"graph router M={m}")
+        _check(f_out, _ref(a, wf), f"graph fused_a M={m}")
+
+
+@gpu
+@pytest.mark.parametrize("m", [1, 3, 8, 12, 16])
+def test_row_strided_views(m, pdl):
+    gen = torch.Generator(device="cuda").manual_seed(200 + m)
+    k = 7168
+    buf = _rand(m + 3, k + 64, gen=gen)
+    x = buf[2:2 + m, :k]  # row stride k + 64, 16-byte aligned: served by the JIT kernel, no copy
+    assert not x.is_contiguous()
+    w, wf = _rand(256, k, gen=gen), _rand(2112, k, gen=gen)
+    _check(_router(x, w, torch.float32), _ref(x, w), f"strided router M={m}")
+    _check(_fused_a(x, wf.t()), _ref(x, wf), f"strided fused_a M={m}")
+    # A view the kernel cannot read with 16-byte loads: pinned jit refuses, the default path is right.
+    odd = buf[1:1 + m, 1:1 + k]
+    with pytest.raises(BackendUnavailableError):
+        _router(odd, w, torch.float32)
+    _check(_router(odd, w, torch.float32, backend=None), _ref(odd, w), f"fallback router M={m}")
+    _check(_fused_a(odd, wf.t(), backend=None), _ref(odd, wf), f"fallback fused_a M={m}")
+
+
+@gpu
+@pytest.mark.parametrize("m,n,k", [(1, 1, 8), (3, 7, 40), (9, 24, 1000), (16, 100, 7176), (16, 16, 264),
+                                   (2, 520, 4104)])
+def test_tails_and_odd_shapes(m, n, k, pdl):
+    # K not a multiple of 32 (zero-filled tail), N/E not multiples of 16 (partial row tiles).
+    gen = torch.Generator(device="cuda").manual_seed(m * 7 + n * 11 + k)
+    x, w = _rand(m, k, gen=gen), _rand(n, k, gen=gen)
+    for dt in (torch.float32, torch.bfloat16):
+        _check(_router(x, w, dt), _ref(x, w), f"router M={m} E={n} K={k} {dt}")
+    _check(_fused_a(x, w.t()), _ref(x, w), f"fused_a M={m} N={n} K={k}")
+
+
+@gpu
+def test_outside_window_falls_back():
+    x, w = _rand(17, 1024), _rand(256, 1024)
+    with pytest.raises(BackendUnavailableError):
+        _router(x, w, torch.float32)
+    _check(_router(x, w, torch.float32, backend=None), _ref(x, w), "router M=17 fallback")
+
+
+# Tile configurations the benchmark compares (compile-time rt/stages, launch-time warps/split),
+# including one CTA per row group (split=1, no cluster), odd cluster sizes and 1..8 warps.
+CONFIGS = [
+    "rt=1,stages=2,warps=1,split=1",
+    "rt=1,stages=8,warps=4,split=8",
+    "rt=2,stages=3,warps=8,split=2",
+    "rt=4,stages=4,warps=4,split=4",
+    "rt=4,stages=3,warps=8,split=0",
+    "rt=3,stages=6,warps=5,split=7",
+    "8:rt=1,stages=4,warps=8,split=1;16:rt=4,stages=4,warps=4,split=4",
+]
+
+
+@gpu
+@pytest.mark.parametrize("cfg", CONFIGS)
+def test_tile_configs(cfg, restore_config):
+    gen = torch.Generator(device="cuda").manual_seed(len(cfg))
+    jb.set_config(jb.ROUTER, cfg)
+    jb.set_config(jb.FUSED_A, cfg)
+    w, wf = _rand(384, 4096, gen=gen), _rand(2112, 4096, gen=gen)
+    for m in (1, 6, 8, 9, 16):
+        x = _rand(m, 4096, gen=gen)
+        _check(_router(x, w, torch.float32), _ref(x, w), f"[{cfg}] router M={m}")
+        _check(_fused_a(x, wf.t()), _ref(x, wf), f"[{cfg}] fused_a M={m}")
+
+
+# ---------------------------------------------------------------- CPU: compile within limits
+
+_LIMITS = re.compile(r"//\s*slim:limits\s+(.*)")
+_PTXAS_REGS = re.compile(r"Used (\d+) registers")
+_PTXAS_SPILL = re.compile(r"(\d+) bytes spill stores, (\d+) bytes spill loads")
+_PTXAS_SMEM = re.compile(r"(\d+) bytes smem")
+
+
+def _declared_limits(source: str) -> dict[str, int]:
+    match = _LIMITS.search((KERNELS / source).read_text())
+    assert match, f"{source} declares no '// slim:limits ...' line"
+    return {k: int(v) for k, v in (item.split("=") for item in match.group(1).split())}
+
+
+def _nvcc() -> str | None:
+    return os.environ.get("NVCC") or shutil.which("nvcc") or (
+        "/usr/local/cuda/bin/nvcc" if Path("/usr/local/cuda/bin/nvcc").exists() else None)
+
+
+def _variant_instances():
+    """Default instances plus those of every config the GPU tests and benchmark use."""
+    saved = dict(jb._RULES)
+    try:
+        seen = list(jb.all_instances())
+        for cfg in CONFIGS:
+            jb.set_config(jb.ROUTER, cfg)
+            jb.set_config(jb.FUSED_A, cfg)
+            seen += [i for i in jb.all_instances() if i not in seen]
+        return seen
+    finally:
+        for op, rules in saved.items():
+            jb.set_config(op, rules)
+
+
+@pytest.mark.skipif(_nvcc() is None, reason="nvcc not found")
+@pytest.mark.parametrize("inst", _variant_instances(), ids=lambda i: f"{i.entry}-" + "-".join(f"{k}{v}" for k, v in i.defines))
+def test_instance_compiles_within_limits(inst, tmp_path):
+    cmd = [_nvcc(), "-cubin", "-gencode=arch=compute_90a,code=sm_90a", "-Xptxas", "-v", "-std=c++17",
+           *(f"-D{k}={v}" for k, v in inst.defines), "-I", str(KERNELS), "-x", "cu", str(KERNELS / inst.source),
+           "-o", str(tmp_path / "k.cubin")]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    report = proc.stdout + proc.stderr
+    assert proc.returncode == 0, f"nvcc failed:\n{report}"
+    assert f"Compiling entry function '{inst.entry}'" in report, report
+    limits = _declared_limits(inst.source)
+    regs = int(_PTXAS_REGS.search(report).group(1))
+    spill_st, spill_ld = map(int, _PTXAS_SPILL.search(report).groups())
+    smem = sum(int(s) for s in _PTXAS_SMEM.findall(report))
+    assert regs <= limits["max_registers"], f"{regs} registers > declared {limits['max_registers']}\n{report}"
+    assert max(spill_st, spill_ld) <= limits["max_spill_bytes"], f"spills: {spill_st}/{spill_ld} bytes\n{report}"
+    assert smem <= limits["max_smem_static"], f"static smem {smem} > declared {limits['max_smem_static']}"
+    assert "mma" in (KERNELS / "common.cuh").read_text()
+
+
+def test_launch_plans_fit_the_device_limits():
+    # Every default rule must fit the shared memory of one SM and give a valid cluster.
+    for op, rules in jb.DEFAULT_RULES.items():
+        for _, cfg in rules:
+            for nt in (1, 2):
+                assert jb.smem_bytes(cfg, nt) <= jb.MAX_SMEM
+            for n in (256, 384, 2112, 2624, 7):
+                grid, block, cluster = jb.launch_geometry(cfg, n, 7168, 132)
+                assert block[0] % 32 == 0 and block[0] <= 1024
+                if cluster:
+                    assert grid[1] == cluster[1] <= jb.MAX_CLUSTER
+    assert jb.launch_geometry(jb.GemmConfig(rt=4, warps=4), 2112, 7168, 132)[0] == (33, 4, 1)
+    assert jb.launch_geometry(jb.GemmConfig(rt=1, warps=4), 256, 7168, 132)[0] == (16, 8, 1)
+
+
+def test_config_rules_parse_and_reject():
+    rules = jb.parse_rules("8:rt=1,split=1;16:rt=4,warps=8")
+    assert rules[0] == (8, jb.GemmConfig(rt=1, split=1)) and rules[1][1].warps == 8
+    for bad in ("rt=0", "8:rt=1", "foo=1", "warps=9", "split=9"):
+        with pytest.raises(ValueError):
+            jb.parse_rules(bad)
+    nts = {dict(i.defines)["SK_NT"] for i in jb.all_instances()}
+    assert nts == {1, 2}
