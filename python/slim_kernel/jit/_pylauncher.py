@@ -1,0 +1,167 @@
+"""The fallback launcher: the same Kernel interface as ``slim_kernel._native``, through cuda-python.
+
+Used when the native module is absent (pure wheel) or ``SLIM_KERNEL_LAUNCHER=python``. Arguments
+are packed by the signature with one ``struct.pack_into`` into a parameter block whose address
+goes to ``cuLaunchKernelEx`` (no per-argument cuda-python marshalling).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import struct
+
+DEFAULT_SMEM_LIMIT = 48 * 1024
+_SLOT = {"p": "Q", "i": "i4x", "l": "q", "f": "f4x"}  # one 8-byte slot per parameter
+
+
+def _driver():
+    from cuda.bindings import driver
+
+    return driver
+
+
+def driver_error() -> str | None:
+    """None when cuda-python and libcuda are usable, else why not (does not initialize CUDA)."""
+    try:
+        _driver()
+    except ImportError as exc:
+        return f"cuda-python is not installed ({exc}); pip install cuda-bindings"
+    try:
+        ctypes.CDLL("libcuda.so.1")
+    except OSError as exc:
+        return f"cannot load the CUDA driver (libcuda.so.1): {exc}"
+    return None
+
+
+def _name(cu, err) -> str:
+    try:
+        _, name = cu.cuGetErrorName(err)
+        _, text = cu.cuGetErrorString(err)
+        return f"{name.decode()} ({text.decode()})"
+    except Exception:  # noqa: BLE001
+        return str(err)
+
+
+def _check(cu, result, what: str):
+    err = result[0]
+    if err != cu.CUresult.CUDA_SUCCESS:
+        raise RuntimeError(f"slim_kernel: {what} failed: {_name(cu, err)}")
+    return result[1] if len(result) == 2 else result[1:] or None
+
+
+def _dim3(value, what: str) -> tuple[int, int, int]:
+    if isinstance(value, int):
+        value = (value,)
+    try:
+        dims = tuple(int(v) for v in value)
+    except TypeError:
+        raise TypeError(f"{what} must be a tuple of 1 to 3 positive ints, got {value!r}") from None
+    if not 1 <= len(dims) <= 3 or any(d <= 0 or d > 0xFFFFFFFF for d in dims):
+        raise ValueError(f"{what} must be a tuple of 1 to 3 positive ints, got {value!r}")
+    return dims + (1,) * (3 - len(dims))
+
+
+class _ContextScope:
+    """Make ``ctx`` current for the scope when it is not already (torch normally did)."""
+
+    def __init__(self, cu, ctx):
+        self.cu, self.ctx, self.pushed = cu, ctx, False
+
+    def __enter__(self):
+        cu = self.cu
+        _, cur = cu.cuCtxGetCurrent()
+        if int(cur) != int(self.ctx):
+            _check(cu, cu.cuCtxPushCurrent(self.ctx), "cuCtxPushCurrent")
+            self.pushed = True
+
+    def __exit__(self, *exc):
+        if self.pushed:
+            self.cu.cuCtxPopCurrent()
+
+
+def pack_args(signature: str, args: tuple) -> bytes:
+    """The 8-byte parameter slots (same layout as ``_native.pack_args``)."""
+    if not isinstance(args, tuple):
+        raise TypeError("args must be a tuple")
+    if len(args) != len(signature):
+        raise TypeError(f"kernel takes {len(signature)} arguments (signature '{signature}'), got {len(args)}")
+    for i, (code, value) in enumerate(zip(signature, args)):
+        if code == "p" and not isinstance(value, int):
+            raise TypeError(f"kernel argument {i} (signature 'p') must be an int device pointer (tensor.data_ptr())")
+        try:
+            struct.pack("<" + _SLOT[code], value)
+        except struct.error as exc:
+            raise TypeError(f"kernel argument {i} (signature '{code}') is invalid: {exc}") from None
+    return struct.pack("<" + "".join(_SLOT[c] for c in signature), *args)
+
+
+class Kernel:
+    """One function of one cubin, loaded into device ``device``'s primary context."""
+
+    def __init__(self, cubin: bytes, entry: str, signature: str, device: int):
+        if set(signature) - set(_SLOT):
+            raise ValueError(f"signature {signature} has a code outside 'pilf'")
+        cu = _driver()
+        self._cu = cu
+        self.entry, self.signature, self.device = entry, signature, device
+        _check(cu, cu.cuInit(0), "cuInit")
+        dev = _check(cu, cu.cuDeviceGet(device), "cuDeviceGet")
+        self._ctx = _check(cu, cu.cuDevicePrimaryCtxRetain(dev), "cuDevicePrimaryCtxRetain")
+        with _ContextScope(cu, self._ctx):
+            self._module = _check(cu, cu.cuModuleLoadData(cubin), f"cuModuleLoadData for {entry}")
+            self._func = _check(cu, cu.cuModuleGetFunction(self._module, entry.encode()),
+                                f"cuModuleGetFunction({entry})")
+        self._smem_limit = 0
+        self._non_portable = False
+        self._n = len(signature)
+
+    @property
+    def smem_limit(self) -> int:
+        return max(self._smem_limit, DEFAULT_SMEM_LIMIT)
+
+    def attribute(self, attr: int) -> int:
+        cu = self._cu
+        return _check(cu, cu.cuFuncGetAttribute(cu.CUfunction_attribute(attr), self._func), "cuFuncGetAttribute")
+
+    def launch(self, grid, block, args, *, stream: int, smem: int = 0, pdl: bool = False, cluster=None) -> None:
+        cu = self._cu
+        g, b = _dim3(grid, "grid"), _dim3(block, "block")
+        blob = pack_args(self.signature, args)
+        storage = ctypes.create_string_buffer(blob, max(len(blob), 8))
+        base = ctypes.addressof(storage)
+        params = (ctypes.c_void_p * max(self._n, 1))(*[base + 8 * i for i in range(self._n)])
+        if smem > DEFAULT_SMEM_LIMIT and smem > self._smem_limit:
+            _check(cu, cu.cuFuncSetAttribute(
+                self._func, cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem),
+                f"cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES={smem}) for {self.entry}")
+            self._smem_limit = smem
+        cfg = cu.CUlaunchConfig()
+        cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ = g
+        cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ = b
+        cfg.sharedMemBytes = smem
+        cfg.hStream = cu.CUstream(stream)
+        attrs = []
+        if pdl:
+            a = cu.CUlaunchAttribute()
+            a.id = cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+            a.value.programmaticStreamSerializationAllowed = 1
+            attrs.append(a)
+        if cluster is not None:
+            c = _dim3(cluster, "cluster")
+            if c[0] * c[1] * c[2] > 8 and not self._non_portable:
+                _check(cu, cu.cuFuncSetAttribute(
+                    self._func, cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1),
+                    "cuFuncSetAttribute(NON_PORTABLE_CLUSTER_SIZE_ALLOWED)")
+                self._non_portable = True
+            a = cu.CUlaunchAttribute()
+            a.id = cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
+            a.value.clusterDim.x, a.value.clusterDim.y, a.value.clusterDim.z = c
+            attrs.append(a)
+        cfg.attrs = attrs
+        cfg.numAttrs = len(attrs)
+        with _ContextScope(cu, self._ctx):
+            (err,) = cu.cuLaunchKernelEx(cfg, self._func, ctypes.addressof(params), 0)
+        if err != cu.CUresult.CUDA_SUCCESS:
+            raise RuntimeError(f"slim_kernel: launch of {self.entry} (grid={g}, block={b}, smem={smem}"
+                               f"{', pdl' if pdl else ''}{', cluster' if cluster is not None else ''}) failed: "
+                               f"{_name(cu, err)}")

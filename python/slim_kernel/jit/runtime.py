@@ -1,0 +1,139 @@
+"""Loaded kernels: ``get_kernel(instance, device_index)`` -> :class:`LoadedKernel` with ``launch``.
+
+The launcher is ``slim_kernel._native`` (nanobind, CUDA driver API) when it was built, else the
+cuda-python fallback (``_pylauncher``); ``SLIM_KERNEL_LAUNCHER=native|python`` forces one.
+Kernels are memoized per (instance, device, launcher): the second ``get_kernel`` is a dict lookup.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from types import ModuleType
+
+from . import _pylauncher
+from .arch import arch_for_device
+from .cache import get_entry
+from .compiler import CompilerUnavailableError, get_compiler
+from .resources import ResourceUsage
+from .spec import KernelInstance
+
+ENV_LAUNCHER = "SLIM_KERNEL_LAUNCHER"
+LAUNCHERS = ("native", "python")
+
+
+class LoadedKernel:
+    """One kernel instance loaded on one device.
+
+    ``launch(grid, block, args, *, stream, smem=0, pdl=False, cluster=None)``: grid/block are
+    tuples of up to 3 positive ints; args a tuple matching the signature (p = device pointer int,
+    i = int32, l = int64, f = float32); stream the raw ``cudaStream_t`` int
+    (``torch.cuda.current_stream().cuda_stream``); smem the dynamic shared memory in bytes (the
+    kernel's limit is raised once when above 48 KiB); pdl launches with programmatic stream
+    serialization (the kernel should ``griddepcontrol.wait`` before reading its predecessor's
+    output); cluster a thread-block-cluster shape (SM >= 9.0). A failed launch raises
+    RuntimeError naming the CUresult.
+    """
+
+    __slots__ = ("instance", "device_index", "arch", "launcher", "impl", "launch", "usage")
+
+    def __init__(self, instance: KernelInstance, device_index: int, arch: str, launcher: str, impl,
+                 usage: ResourceUsage | None):
+        self.instance = instance
+        self.device_index = device_index
+        self.arch = arch
+        self.launcher = launcher
+        self.impl = impl
+        self.usage = usage
+        self.launch = impl.launch  # the C++ method itself for the native launcher: no Python frame
+
+    def __repr__(self) -> str:
+        return (f"LoadedKernel({self.instance.entry}, {dict(self.instance.defines)}, cuda:{self.device_index}, "
+                f"{self.arch}, launcher={self.launcher})")
+
+
+_NATIVE: dict[str, object] = {}
+
+
+def native_module() -> tuple[ModuleType | None, str | None]:
+    """``(slim_kernel._native, None)`` or ``(None, why it cannot be imported)``."""
+    if "module" not in _NATIVE:
+        try:
+            from .. import _native
+
+            _NATIVE["module"], _NATIVE["why"] = _native, None
+        except ImportError as exc:
+            _NATIVE["module"], _NATIVE["why"] = None, f"slim_kernel._native is not built ({exc})"
+    return _NATIVE["module"], _NATIVE["why"]  # type: ignore[return-value]
+
+
+def launcher_name(requested: str | None = None) -> str:
+    """``native`` or ``python``: ``requested``, else ``SLIM_KERNEL_LAUNCHER``, else native when built."""
+    value = (requested or os.environ.get(ENV_LAUNCHER, "") or "auto").strip().lower()
+    if value not in ("auto", *LAUNCHERS):
+        what = "launcher" if requested else ENV_LAUNCHER
+        raise ValueError(f"{what} must be one of native, python or auto, got {value!r}")
+    if value == "python":
+        return "python"
+    module, why = native_module()
+    if module is not None:
+        return "native"
+    if value == "native":
+        raise RuntimeError(f"the native launcher was requested but {why}")
+    return "python"
+
+
+def driver_error(launcher: str) -> str | None:
+    if launcher == "native":
+        module, why = native_module()
+        return why if module is None else module.driver_error()
+    return _pylauncher.driver_error()
+
+
+_KERNELS: dict[tuple, LoadedKernel] = {}
+_LOCK = threading.Lock()
+
+
+def get_kernel(instance: KernelInstance, device_index: int, *, launcher: str | None = None) -> LoadedKernel:
+    """``instance`` compiled (through the cache) for device ``device_index``'s exact arch and
+    loaded into its primary context. Memoized: the second call is a dict lookup."""
+    key = (instance, device_index, launcher)
+    kernel = _KERNELS.get(key)
+    if kernel is not None:
+        return kernel
+    if not isinstance(instance, KernelInstance):
+        raise TypeError(f"instance must be a KernelInstance, got {type(instance).__name__}")
+    with _LOCK:
+        kernel = _KERNELS.get(key)
+        if kernel is None:
+            name = launcher_name(launcher)
+            resolved = (instance, device_index, name)
+            kernel = _KERNELS.get(resolved)
+            if kernel is None:
+                arch = arch_for_device(device_index)
+                entry = get_entry(instance, arch)
+                if name == "native":
+                    module, _ = native_module()
+                    impl = module.Kernel(entry.cubin, instance.entry, instance.signature, device_index)
+                else:
+                    impl = _pylauncher.Kernel(entry.cubin, instance.entry, instance.signature, device_index)
+                kernel = LoadedKernel(instance, device_index, arch, name, impl, entry.usage)
+                _KERNELS[resolved] = kernel
+            _KERNELS[key] = kernel
+    return kernel
+
+
+def available() -> str | None:
+    """None when a compiler and the driver are usable, else the reason (the JIT backend's probe)."""
+    try:
+        get_compiler()
+        name = launcher_name()
+    except (CompilerUnavailableError, RuntimeError, ValueError) as exc:
+        return str(exc)
+    return driver_error(name)
+
+
+def clear_loaded() -> None:
+    """Forget loaded kernels (tests); modules stay loaded in the driver."""
+    with _LOCK:
+        _KERNELS.clear()
