@@ -20,10 +20,9 @@ import statistics
 import sys
 import time
 
+import slim_kernel as sk
 import torch
 import torch.nn.functional as F
-
-import slim_kernel as sk
 
 DEV = "cuda"
 CALLS, REPEATS, GRAPH_CALLS = 400, 7, 50

@@ -1,10 +1,9 @@
 """The three public ops on CPU: results vs float64, bad inputs, opcheck, torch.compile."""
 
 import pytest
+import slim_kernel as sk
 import torch
 from _inputs import TOL, bmm_fp8_inputs, bmm_fp8_ref, fused_a_ref, randn, rel_err, router_ref
-
-import slim_kernel as sk
 
 FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
 

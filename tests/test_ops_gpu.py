@@ -3,10 +3,9 @@
 import importlib.util
 
 import pytest
+import slim_kernel as sk
 import torch
 from _inputs import TOL, bmm_fp8_inputs, bmm_fp8_ref, fused_a_ref, randn, rel_err, router_ref
-
-import slim_kernel as sk
 from slim_kernel import registry
 
 pytestmark = pytest.mark.gpu

@@ -5,9 +5,8 @@ import types
 import warnings
 
 import pytest
-import torch
-
 import slim_kernel  # noqa: F401  (registers the ops)
+import torch
 from slim_kernel import registry
 from slim_kernel.registry import BackendUnavailableError, KernelBackend, KernelSpec
 

@@ -112,7 +112,7 @@ def specs_for(op: str) -> list[KernelSpec]:
     return list(_REGISTRY.get(op, ()))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _capability(index: int) -> tuple[int, int]:
     return torch.cuda.get_device_capability(index)
 

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+from importlib import metadata
+
 import torch
 from flashinfer import bmm_fp8 as _fi_bmm_fp8
 from flashinfer.gemm import (
@@ -21,13 +24,70 @@ ROUTER_KERNELS = {
 }
 
 
+# flashinfer versions whose bmm_fp8(backend="cublas") internals _CublasFp8Direct replays.
+DIRECT_BMM_FP8_VERSIONS = ("0.7.2", "0.7.2.post1")
+
+
+class _CublasFp8Direct:
+    """flashinfer.bmm_fp8(..., backend="cublas") without its 60-100 µs of per-call Python.
+
+    The public call builds a cuBLAS runner, asks the autotuner for a (runner, tactic) and
+    runs it on a process-wide workspace. Here the runner is built once and the tuner's
+    answer is cached per shape/dtype signature (asked again whenever the tuner is tuning or
+    its cache changed), so the very same cuBLASLt call runs: bit-identical by construction.
+    """
+
+    def __init__(self):
+        from flashinfer.gemm import gemm_base
+
+        self._gb = gemm_base
+        self._tuner = gemm_base.AutoTuner.get()
+        self._runner = gemm_base.get_gemm_module().cublas_fp8_gemm_runner()
+        self._tactics: dict = {}
+        self._workspaces: dict = {}
+
+    def __call__(self, out, A, B, A_scale, B_scale) -> None:
+        gb, tuner = self._gb, self._tuner
+        ws = self._workspaces.get(A.device)
+        if ws is None:
+            ws = self._workspaces[A.device] = gb._get_cache_buf("bmm_fp8_workspace", gb.DEFAULT_WORKSPACE_SIZE,
+                                                                 A.device)
+        inputs = [A, B, A_scale, B_scale, out, ws]
+        key = (A.shape, B.shape, A.dtype, B.dtype, out.dtype, len(tuner.profiling_cache))
+        tactic = self._tactics.get(key)
+        if tactic is None or tuner.is_tuning_mode:
+            _, tactic = tuner.choose_one("fp8_gemm", [self._runner], gb._FP8_GEMM_SM100_TUNING_CONFIG, inputs)
+            self._tactics[key] = tactic
+        self._runner(inputs=inputs, tactic=tactic)
+
+
+_direct: list = []  # [_CublasFp8Direct | None] once decided (built lazily: it JIT-builds flashinfer's gemm module)
+
+
+def direct_bmm_fp8() -> _CublasFp8Direct | None:
+    """The direct path, or None (other flashinfer version, internals moved, or SLIM_KERNEL_FLASHINFER_DIRECT=0)."""
+    if not _direct:
+        use = (os.environ.get("SLIM_KERNEL_FLASHINFER_DIRECT", "1") != "0"
+               and metadata.version("flashinfer-python") in DIRECT_BMM_FP8_VERSIONS)
+        try:
+            _direct.append(_CublasFp8Direct() if use else None)
+        except (ImportError, AttributeError):  # internals moved: the public call still works
+            _direct.append(None)
+    return _direct[0]
+
+
 def bmm_fp8(out: torch.Tensor, A: torch.Tensor, B: torch.Tensor, A_scale: torch.Tensor, B_scale: torch.Tensor) -> None:
     # flashinfer's cublas path reads dense operands and checks no strides: make them dense
     # (a no-op for the usual contiguous A and W.transpose(-2, -1) B).
-    Bt = B.transpose(-2, -1)
-    if not Bt.is_contiguous():
-        B = Bt.contiguous().transpose(-2, -1)
-    _fi_bmm_fp8(A.contiguous(), B, A_scale, B_scale, out.dtype, out, backend="cublas")
+    if not A.is_contiguous():
+        A = A.contiguous()
+    if not B.transpose(-2, -1).is_contiguous():
+        B = B.transpose(-2, -1).contiguous().transpose(-2, -1)
+    direct = _direct[0] if _direct else direct_bmm_fp8()
+    if direct is not None:
+        direct(out, A, B, A_scale, B_scale)
+    else:
+        _fi_bmm_fp8(A, B, A_scale, B_scale, out.dtype, out, backend="cublas")
 
 
 def dsv3_router_gemm(output: torch.Tensor, hidden_states: torch.Tensor, router_weights: torch.Tensor) -> None:
