@@ -1,0 +1,79 @@
+"""`slim-kernel audit WHEEL... [--json] [--retired OPS]`.
+
+Exit 0: no retired AOT code in any wheel; 1: some found; 2: a wheel could not be read
+(missing, not a zip, empty, hostile or malformed). Never imports torch.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+from .findings import audit_result, error_result, human_report
+from .limits import AuditInputError, Limits
+from .rules import Rules, parse_retired
+from .runner import scan_wheel
+from .scan import ScanContext
+
+EXIT_CLEAN, EXIT_FOUND, EXIT_UNREADABLE = 0, 1, 2
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("wheels", nargs="+", metavar="WHEEL", help="wheel files to audit")
+    parser.add_argument("--json", action="store_true", help="print JSON (one object per wheel, a list for several)")
+    add_common_arguments(parser)
+
+
+def add_common_arguments(parser) -> None:
+    """Options shared with `slim-kernel size`."""
+    parser.add_argument(
+        "--retired", action="append", metavar="OPS",
+        help="retired op names or prefix globs, comma-separated or repeated "
+             "(default: bmm_fp8,dsv3_router_gemm,dsv3_fused_a_gemm,dsv3_*)",
+    )
+    parser.add_argument("--jobs", type=int, default=None, metavar="N",
+                        help="worker processes (default: all cores)")
+    bar = parser.add_mutually_exclusive_group()
+    bar.add_argument("--progress", dest="progress", action="store_true", default=None,
+                     help="always show the progress bar on stderr")
+    bar.add_argument("--no-progress", dest="progress", action="store_false",
+                     help="never show the progress bar")
+
+
+def context_from_args(args) -> ScanContext:
+    """Build the scan context; raises ValueError naming the bad argument."""
+    if args.jobs is not None and args.jobs < 1:
+        raise ValueError(f"--jobs: expected a positive number of workers, got {args.jobs}")
+    return ScanContext(Rules(parse_retired(args.retired)), Limits())
+
+
+def audit_one(path: str, ctx: ScanContext, jobs=None, progress=None) -> tuple[dict, int]:
+    start = time.perf_counter()
+    try:
+        scan = scan_wheel(path, ctx, jobs=jobs, progress=progress)
+    except AuditInputError as exc:
+        return error_result(path, str(exc), time.perf_counter() - start), EXIT_UNREADABLE
+    result = audit_result(scan, ctx.rules)
+    return result, EXIT_CLEAN if result["clean"] else EXIT_FOUND
+
+
+def run(args) -> int:
+    try:
+        ctx = context_from_args(args)
+    except ValueError as exc:
+        print(f"slim-kernel audit: error: {exc}", file=sys.stderr)
+        return EXIT_UNREADABLE
+    results, code = [], EXIT_CLEAN
+    for path in args.wheels:
+        result, rc = audit_one(path, ctx, args.jobs, args.progress)
+        results.append(result)
+        code = max(code, rc)
+        if not args.json:
+            print(human_report(result), flush=True)
+        elif rc == EXIT_UNREADABLE:
+            print(f"slim-kernel audit: {path}: {result['error']}", file=sys.stderr)
+    if args.json:
+        json.dump(results[0] if len(results) == 1 else results, sys.stdout, indent=2)
+        print()
+    return code

@@ -1,0 +1,125 @@
+"""Turn a wheel scan into the audit result (the JSON contract) and a short human report."""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+
+from . import demangle
+from .rules import Rules
+from .runner import WheelScan
+
+LAYERS = (
+    "elf-dynsym", "elf-symtab", "rodata-schema", "rodata-string", "fatbin-kernel", "fatbin-tu",
+    "ptx-entry", "shipped-cubin", "shipped-fatbin", "shipped-ptx",
+)
+LAYER_TITLES = {
+    "elf-dynsym": "exported/defined dynamic symbols (demangled)",
+    "elf-symtab": "static symbol table (.symtab, when not stripped)",
+    "rodata-schema": "TORCH_LIBRARY op schemas in .rodata",
+    "rodata-string": "other .rodata strings (binding names, source paths)",
+    "fatbin-kernel": "kernels and symbols in embedded cubins",
+    "fatbin-tu": "translation units of embedded cubins/PTX",
+    "ptx-entry": "PTX .entry names in embedded fatbins",
+    "shipped-cubin": "shipped .cubin files",
+    "shipped-fatbin": "shipped .fatbin files",
+    "shipped-ptx": "shipped .ptx files",
+}
+
+
+def _stats(scan: WheelScan) -> Counter:
+    total: Counter = Counter()
+    for s in scan.scans:
+        total.update(s.stats)
+    return total
+
+
+def _scanned(layer: str, st: Counter) -> str:
+    if layer == "elf-dynsym":
+        return f"{st['elf_files']} ELF files, {st['elf-dynsym_symbols']:,} dynamic symbols"
+    if layer == "elf-symtab":
+        return f"{st['elf-symtab_symbols']:,} static symbols"
+    if layer.startswith("rodata"):
+        return f"{st['rodata_bytes']:,} bytes of .rodata"
+    if layer in ("fatbin-kernel", "fatbin-tu"):
+        return (f"{st['fatbin_containers']} fatbin containers, {st['fatbin_entries']} entries "
+                f"({st['fatbin_none']} plain, {st['fatbin_lz4']} LZ4, {st['fatbin_zstd']} zstd), "
+                f"{st['cubins']} cubins, {st['cubin_names']:,} kernels")
+    if layer == "ptx-entry":
+        return f"{st['ptxs']} PTX modules, {st['ptx_names']:,} entries"
+    return f"{st['shipped_device_files']} shipped device files"
+
+
+def audit_result(scan: WheelScan, rules: Rules) -> dict:
+    """The contract's per-wheel JSON object (plus routed info and per-layer counts)."""
+    merged: dict[tuple[str, str, str, str], set[str]] = defaultdict(set)
+    for s in scan.scans:
+        for h in s.hits:
+            archs = merged[(h.op, s.member, h.layer, h.evidence)]
+            if h.arch:
+                archs.add(h.arch)
+    order = {layer: i for i, layer in enumerate(LAYERS)}
+    findings = [
+        {"op": op, "member": member, "layer": layer, "evidence": evidence, "archs": sorted(archs)}
+        for (op, member, layer, evidence), archs in sorted(
+            merged.items(), key=lambda kv: (kv[0][0], order.get(kv[0][2], 99), kv[0][1], kv[0][3])
+        )
+    ]
+    routed = [r for s in scan.scans for r in s.routed]
+    st = _stats(scan)
+    per_layer = Counter(f["layer"] for f in findings)
+    ops_found = sorted({f["op"] for f in findings})
+    return {
+        "wheel": scan.path,
+        "clean": not findings,
+        "ops_found": ops_found,
+        "findings": findings,
+        "seconds": round(scan.seconds, 3),
+        "retired": rules.to_json(),
+        "routed": routed,
+        "layers": {layer: {"scanned": _scanned(layer, st), "findings": per_layer[layer]} for layer in LAYERS},
+        "members": len(scan.members),
+        "bytes_unpacked": scan.unpacked,
+        "demangler": "c++filt" if demangle.available() else "none (names not demangled)",
+    }
+
+
+def error_result(path: str, message: str, seconds: float) -> dict:
+    return {"wheel": path, "clean": False, "ops_found": [], "findings": [], "seconds": round(seconds, 3),
+            "error": message}
+
+
+def human_report(result: dict, examples: int = 3) -> str:
+    lines = []
+    name = result["wheel"]
+    if "error" in result:
+        return f"{name}: UNREADABLE: {result['error']}"
+    verdict = "CLEAN" if result["clean"] else f"RETIRED AOT CODE FOUND: {', '.join(result['ops_found'])}"
+    lines.append(f"{name}: {verdict}")
+    lines.append(f"  {result['members']} members, {result['bytes_unpacked']:,} bytes unpacked, "
+                 f"{result['seconds']:.1f} s; retired: {', '.join(result['retired'])}")
+    lines.append("  layer            findings  scanned")
+    for layer, info in result["layers"].items():
+        lines.append(f"  {layer:<16} {info['findings']:>8}  {info['scanned']}")
+    by_op_layer: dict[tuple[str, str], list[dict]] = defaultdict(list)
+    for f in result["findings"]:
+        by_op_layer[(f["op"], f["layer"])].append(f)
+    for (op, layer), items in by_op_layer.items():
+        members = sorted({f["member"] for f in items})
+        lines.append(f"  [{op}] {layer}: {len(items)} in {', '.join(members[:3])}"
+                     + (f" (+{len(members) - 3} more)" if len(members) > 3 else ""))
+        for f in items[:examples]:
+            archs = f" ({', '.join(f['archs'])})" if f["archs"] else ""
+            lines.append(f"      {_clip(f['evidence'])}{archs}")
+    routed = result["routed"]
+    if routed:
+        kinds = Counter()
+        for r in routed:
+            kinds[r["kind"]] += r["count"]
+        files = len({r["member"] for r in routed})
+        summary = ", ".join(f"{n} in {k}" for k, n in sorted(kinds.items()))
+        lines.append(f"  info (routed, not AOT code): op names mentioned in {files} files: {summary}")
+    return "\n".join(lines)
+
+
+def _clip(text: str, n: int = 160) -> str:
+    return text if len(text) <= n else text[: n - 3] + "..."

@@ -1,0 +1,102 @@
+"""Which op names are retired, and how a name or string is matched against them.
+
+An op pattern is an exact name (``bmm_fp8``) or a glob with a literal prefix (``dsv3_*``).
+A name matches where the op appears as an identifier word: not preceded or followed by a letter
+or digit (``_`` and ``::`` are boundaries, so ``flashinfer::bmm_fp8::Layout``,
+``dsv3_router_gemm_float_out.cu`` and ``_INTERNAL_..._29_dsv3_router_gemm_..`` match, while
+``dsv4_router_gemm`` and ``xbmm_fp8`` do not). Mangled C++ names must be demangled first: in
+``_Z16dsv3_router_gemm...`` the length prefix hides the boundary. Exact ops win over globs.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+DEFAULT_RETIRED = ("bmm_fp8", "dsv3_router_gemm", "dsv3_fused_a_gemm", "dsv3_*")
+
+_WORD = "A-Za-z0-9"
+_PATTERN_OK = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\*?$")
+# A TorchScript/TORCH_LIBRARY schema: [ns::]name[.overload](args) -> returns
+_SCHEMA = re.compile(r"^(?:[A-Za-z_]\w*::)?([A-Za-z_]\w*)(?:\.\w+)?\((.*)\)\s*->\s*\S.*$", re.S)
+
+
+def parse_retired(values: list[str] | None) -> tuple[str, ...]:
+    """`--retired` values (repeatable, comma-separated) -> patterns; None -> defaults."""
+    if not values:
+        return DEFAULT_RETIRED
+    ops: list[str] = []
+    for value in values:
+        for item in value.split(","):
+            item = item.strip()
+            if not item:
+                continue
+            if not _PATTERN_OK.match(item):
+                raise ValueError(
+                    f"--retired: {item!r} is not an op name or a prefix glob like 'dsv3_*' "
+                    "(letters, digits and '_', optionally ending in '*')"
+                )
+            ops.append(item)
+    if not ops:
+        raise ValueError("--retired: no op names given")
+    return tuple(dict.fromkeys(ops))
+
+
+@dataclass(frozen=True)
+class Rules:
+    patterns: tuple[str, ...] = DEFAULT_RETIRED
+    _exact: re.Pattern = field(init=False, repr=False, compare=False)
+    _glob: re.Pattern | None = field(init=False, repr=False, compare=False)
+    _prefilter: re.Pattern = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self):
+        exact = sorted((p for p in self.patterns if not p.endswith("*")), key=len, reverse=True)
+        globs = [p[:-1] for p in self.patterns if p.endswith("*")]
+        left, right = f"(?<![{_WORD}])", f"(?![{_WORD}])"
+        never = "(?!x)x"
+        exact_re = "|".join(map(re.escape, exact)) or never
+        object.__setattr__(self, "_exact", re.compile(f"{left}({exact_re}){right}"))
+        glob_re = "|".join(re.escape(g) for g in globs)
+        object.__setattr__(
+            self, "_glob", re.compile(f"{left}((?:{glob_re})[A-Za-z0-9_]*){right}") if globs else None
+        )
+        tokens = sorted({p.rstrip("*") for p in self.patterns}, key=len, reverse=True)
+        object.__setattr__(self, "_prefilter", re.compile("|".join(re.escape(t) for t in tokens).encode()))
+
+    # -- cheap byte-level prefilter (before demangling) -----------------------------------
+    @property
+    def prefilter(self) -> re.Pattern:
+        """Bytes regex: every name that can match contains one of these literals."""
+        return self._prefilter
+
+    def maybe(self, data: bytes) -> bool:
+        return self._prefilter.search(data) is not None
+
+    # -- exact matching --------------------------------------------------------------------
+    def match(self, text: str) -> list[str]:
+        """Retired ops named in `text` (demangled), exact ops before glob matches."""
+        found: list[str] = []
+        spans: list[tuple[int, int]] = []
+        for m in self._exact.finditer(text):
+            found.append(m.group(1))
+            spans.append(m.span(1))
+        if self._glob is not None:
+            for m in self._glob.finditer(text):
+                start = m.start(1)
+                if any(a <= start < b for a, b in spans):
+                    continue
+                found.append(m.group(1))
+        return list(dict.fromkeys(found))
+
+    def op_named(self, name: str) -> str | None:
+        """The op if `name` is exactly a retired op name (or matches a glob in full)."""
+        hits = self.match(name)
+        return name if name in hits else None
+
+    def schema_op(self, text: str) -> str | None:
+        """The retired op whose TORCH_LIBRARY schema `text` is, if it is one."""
+        m = _SCHEMA.match(text.strip())
+        return self.op_named(m.group(1)) if m else None
+
+    def to_json(self) -> list[str]:
+        return list(self.patterns)

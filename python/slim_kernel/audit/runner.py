@@ -1,0 +1,199 @@
+"""Scan every member of a wheel, in parallel across members, with a progress bar on stderr.
+
+Large members each get their own task; small ones are batched. Tasks run largest first on a
+process pool (each worker opens the wheel itself and streams its members), or in-process for
+small wheels where starting workers would cost more than it saves.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import struct
+import sys
+import threading
+import time
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+
+from .limits import AuditInputError, MalformedBinaryError, MiB
+from .scan import MemberScan, ScanContext, scan_member
+from .wheel import Member, WheelArchive
+
+BIG_MEMBER = 16 * MiB
+BATCH_BYTES = 32 * MiB
+POOL_THRESHOLD = 96 * MiB  # below this many unpacked bytes, scan in-process
+PROGRESS_THRESHOLD = 64 * MiB
+PROGRESS_STEP = 16 * MiB
+
+
+@dataclass
+class WheelScan:
+    path: str
+    members: list[Member]
+    scans: list[MemberScan] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def unpacked(self) -> int:
+        return sum(m.unpacked for m in self.members)
+
+    @property
+    def compressed_file(self) -> int:
+        return os.path.getsize(self.path)
+
+
+class Progress:
+    """Bytes-scanned bar on stderr (tqdm when installed, else a plain updating line)."""
+
+    def __init__(self, total: int, label: str, enabled: bool):
+        self.enabled = enabled
+        self._bar = None
+        self._done = 0
+        self._total = total
+        self._label = label
+        self._last = 0.0
+        if enabled:
+            try:
+                from tqdm import tqdm
+
+                self._bar = tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024,
+                                 desc=f"audit {label}", file=sys.stderr, leave=False)
+            except ImportError:
+                pass
+
+    def update(self, n: int) -> None:
+        if not self.enabled:
+            return
+        self._done += n
+        if self._bar is not None:
+            self._bar.update(n)
+            return
+        now = time.monotonic()
+        if now - self._last > 0.5 or self._done >= self._total:
+            self._last = now
+            pct = 100.0 * self._done / max(self._total, 1)
+            print(f"\raudit {self._label}: {self._done / MiB:,.0f}/{self._total / MiB:,.0f} MiB ({pct:.0f}%)",
+                  end="", file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+        elif self.enabled:
+            print(file=sys.stderr)
+
+
+_QUEUE = None  # set in pool workers: progress reports to the parent
+
+
+def _init_worker(queue) -> None:
+    global _QUEUE
+    _QUEUE = queue
+
+
+def _scan_task(path: str, members: list[Member], ctx: ScanContext, report=None) -> list[MemberScan]:
+    pending = [0]
+
+    def on_progress(n: int) -> None:
+        pending[0] += n
+        if pending[0] >= PROGRESS_STEP:
+            _emit(report, pending[0])
+            pending[0] = 0
+
+    out = []
+    with WheelArchive(path, ctx.limits) as archive:
+        for m in members:
+            with archive.open(m.name) as stream:
+                try:
+                    out.append(scan_member(stream, m.name, m.unpacked, m.compressed, ctx, on_progress))
+                except AuditInputError:
+                    raise
+                except (struct.error, IndexError, ValueError, OverflowError, UnicodeError) as exc:
+                    raise MalformedBinaryError(f"{m.name}: malformed content ({type(exc).__name__}: {exc})") from None
+    _emit(report, pending[0])
+    return out
+
+
+def _emit(report, n: int) -> None:
+    if n and report is not None:
+        report(n)
+    elif n and _QUEUE is not None:
+        _QUEUE.put(n)
+
+
+def plan_tasks(members: list[Member]) -> list[list[Member]]:
+    """Big members alone, small ones in batches; largest task first."""
+    tasks: list[list[Member]] = []
+    batch: list[Member] = []
+    batch_bytes = 0
+    for m in sorted(members, key=lambda m: m.unpacked, reverse=True):
+        if m.unpacked >= BIG_MEMBER:
+            tasks.append([m])
+            continue
+        batch.append(m)
+        batch_bytes += m.unpacked
+        if batch_bytes >= BATCH_BYTES or len(batch) >= 256:
+            tasks.append(batch)
+            batch, batch_bytes = [], 0
+    if batch:
+        tasks.append(batch)
+    return tasks
+
+
+def scan_wheel(path: str, ctx: ScanContext, jobs: int | None = None, progress: bool | None = None) -> WheelScan:
+    """Scan all members; raises `AuditInputError` if the wheel cannot be read safely."""
+    start = time.perf_counter()
+    with WheelArchive(path, ctx.limits) as archive:
+        members = archive.members
+    result = WheelScan(os.fspath(path), members)
+    total = result.unpacked
+    jobs = max(1, jobs or os.cpu_count() or 1)
+    show = progress if progress is not None else (total >= PROGRESS_THRESHOLD and sys.stderr.isatty())
+    bar = Progress(total, os.path.basename(path), bool(show))
+    tasks = plan_tasks(members)
+    try:
+        if jobs == 1 or total < POOL_THRESHOLD or len(tasks) == 1:
+            for task in tasks:
+                result.scans.extend(_scan_task(result.path, task, ctx, bar.update))
+        else:
+            result.scans.extend(_run_pool(result.path, tasks, ctx, jobs, bar))
+    finally:
+        bar.close()
+    order = {m.name: i for i, m in enumerate(members)}
+    result.scans.sort(key=lambda s: order[s.member])
+    result.seconds = time.perf_counter() - start
+    return result
+
+
+def _run_pool(path: str, tasks: list[list[Member]], ctx: ScanContext, jobs: int, bar: Progress):
+    method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
+    mp = multiprocessing.get_context(method)
+    queue = mp.SimpleQueue()
+    stop = threading.Event()
+
+    def drain() -> None:
+        while True:
+            n = queue.get()
+            if n is None:
+                return
+            bar.update(n)
+
+    reader = threading.Thread(target=drain, daemon=True)
+    reader.start()
+    out: list[MemberScan] = []
+    try:
+        with ProcessPoolExecutor(max_workers=min(jobs, len(tasks)), mp_context=mp,
+                                 initializer=_init_worker, initargs=(queue,)) as pool:
+            futures = [pool.submit(_scan_task, path, task, ctx) for task in tasks]
+            try:
+                for fut in futures:
+                    out.extend(fut.result())
+            except BaseException:
+                for fut in futures:
+                    fut.cancel()
+                raise
+    finally:
+        stop.set()
+        queue.put(None)
+        reader.join(timeout=5)
+    return out

@@ -1,0 +1,317 @@
+"""Scan one wheel member in a single forward pass and report what it says about retired ops.
+
+Member kinds (sniffed from content, not trusted from the name): host ELF (shared libraries,
+objects), cubin (ELF for EM_CUDA), fatbin, ar archive (of objects), PTX, and everything else,
+which is text-scanned and reported as routed/info (Python, JIT sources, metadata), never as
+AOT code. A host ELF is streamed: fatbin containers are parsed and dropped as they pass, all
+other bytes are retained in a `SpanStore` so the symbol tables and `.rodata` can be read after.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import PurePosixPath
+
+from . import demangle, fatbin
+from .device import DeviceCode, summarize_cubin, summarize_ptx
+from .elf import EM_CUDA, ELF_MAGIC, ElfFile, StringHits
+from .limits import Limits, MalformedBinaryError
+from .rules import Rules
+from .stream import CHUNK, Pull, SpanStore, SubReader
+
+AR_MAGIC = b"!<arch>\n"
+TEXT_OVERLAP = 256
+ROUTED_SNIPPETS = 3
+_PYTHON = {".py", ".pyi", ".pyx", ".pxd"}
+_SOURCES = {".cu", ".cuh", ".h", ".hh", ".hpp", ".cc", ".cpp", ".cxx", ".c", ".inl", ".inc"}
+_PRINTABLE_RUN = re.compile(rb"[\x20-\x7e]{3,}")
+
+
+@dataclass(frozen=True)
+class ScanContext:
+    rules: Rules
+    limits: Limits
+
+
+@dataclass
+class Hit:
+    """Evidence of a retired op in compiled code (an AOT finding)."""
+
+    op: str
+    layer: str
+    evidence: str
+    size: int = 0  # bytes this evidence accounts for (symbol or kernel size), for `size`
+    arch: str = ""
+    counted: bool = True  # False when the bytes are already counted through a whole device blob
+
+
+@dataclass
+class Blob:
+    """One device-code payload (fatbin entry or shipped cubin/PTX) for size accounting."""
+
+    arch: str
+    kind: str
+    stored: int
+    unpacked: int
+    compression: str
+    tu: str
+    op: str
+
+
+@dataclass
+class MemberScan:
+    member: str
+    kind: str
+    unpacked: int
+    compressed: int
+    hits: list[Hit] = field(default_factory=list)
+    routed: list[dict] = field(default_factory=list)
+    blobs: list[Blob] = field(default_factory=list)
+    stats: Counter = field(default_factory=Counter)
+
+
+def routed_kind(name: str) -> str:
+    path = PurePosixPath(name)
+    if any(part.endswith(".dist-info") for part in path.parts[:-1]):
+        return "metadata"
+    suffix = path.suffix.lower()
+    return "python" if suffix in _PYTHON else "jit-source" if suffix in _SOURCES else "other"
+
+
+def classify(name: str, head: bytes) -> str:
+    if head[:4] == ELF_MAGIC and len(head) >= 20:
+        machine = int.from_bytes(head[18:20], "little" if head[5] != 2 else "big")
+        return "cubin" if machine == EM_CUDA else "elf"
+    if head[:8] == fatbin.HEADER_PATTERN:
+        return "fatbin"
+    if head[:8] == AR_MAGIC:
+        return "ar"
+    if name.lower().endswith(".ptx"):
+        return "ptx"
+    return "text"
+
+
+class _Collector:
+    """Gathers raw candidates for one member, demangles them in one batch, attributes ops."""
+
+    def __init__(self, scan: MemberScan, ctx: ScanContext):
+        self.scan, self.ctx = scan, ctx
+        self._raw: list[tuple[str, str, int, str, tuple[str, ...], str]] = []
+        self._per_layer: Counter = Counter()
+
+    def add(self, layer: str, name: str, size: int = 0, arch: str = "", ops: tuple[str, ...] = (), what: str = ""):
+        if self._per_layer[layer] >= self.ctx.limits.max_hits_per_member:
+            self.scan.stats["evidence_dropped"] += 1
+            return
+        self._per_layer[layer] += 1
+        self._raw.append((layer, name, size, arch, ops, what))
+
+    def add_device(self, code: DeviceCode, layers: tuple[str, str], stored: int, unpacked: int, comp: str):
+        """Record a cubin/PTX payload; `layers` = (layer for TU evidence, layer for names)."""
+        blob_layer, names_layer = layers
+        tu, op = (code.tus[0] if code.tus else ""), (code.tu_ops[0] if code.tu_ops else "")
+        self.scan.blobs.append(Blob(code.arch, code.kind, stored, unpacked, comp, tu, op))
+        self.scan.stats[f"{code.kind}s"] += 1
+        self.scan.stats[f"{code.kind}_names"] += code.kernel_count
+        for tu_name in code.tus:
+            for tu_op in self.ctx.rules.match(tu_name):
+                self.scan.hits.append(Hit(tu_op, blob_layer, f"translation unit {tu_name}", stored, code.arch))
+        for name, size, what in code.names:
+            # kernels of a retired TU are attributed to it; their bytes are inside the blob already
+            self.add(names_layer, name, size, code.arch, code.tu_ops, what)
+
+    def add_entry(self, code: DeviceCode, layers: tuple[str, str], entry: fatbin.Entry) -> None:
+        self.add_device(code, layers, entry.header_size + entry.stored, entry.unpacked, entry.compression)
+
+    def finish(self) -> None:
+        names = demangle.demangle_all(r[1] for r in self._raw)
+        for layer, raw, size, arch, ops, what in self._raw:
+            text = names.get(raw, raw)
+            counted = not ops
+            for op in ops or self.ctx.rules.match(text):
+                evidence = f"{what} {text}" if what else text
+                if text != raw:
+                    evidence += f" [{raw}]"
+                self.scan.hits.append(Hit(op, layer, evidence, size, arch, counted))
+
+
+# -- host ELF (shared library or object) ----------------------------------------------------
+def _scan_host_elf(src: Pull, col: _Collector, ctx: ScanContext, label: str) -> None:
+    stats = col.scan.stats
+
+    def on_entry(entry: fatbin.Entry, payload: bytes) -> None:
+        stats["fatbin_entries"] += 1
+        stats[f"fatbin_{entry.compression}"] += 1
+        code = _device_code(entry, payload, ctx, f"{label}: fatbin entry at {entry.offset}")
+        if code is not None:
+            layers = ("fatbin-tu", "ptx-entry" if code.kind == "ptx" else "fatbin-kernel")
+            col.add_entry(code, layers, entry)
+
+    with SpanStore(src.size, ctx.limits.retained_in_memory, label) as store:
+        while True:
+            avail = src.fill(CHUNK)
+            if avail == 0:
+                break
+            i = fatbin.find_container(src.buf)
+            if i < 0:
+                keep = avail if src.remaining == avail else max(avail - len(fatbin.HEADER_PATTERN) + 1, 0)
+                store.add(src.pos, src.take(keep))
+                continue
+            store.add(src.pos, src.take(i))
+            stats["fatbin_containers"] += 1
+            stats["fatbin_bytes"] += fatbin.read_container(src, ctx.limits, on_entry)
+        stats["elf_files"] += 1
+        _scan_elf_tables(ElfFile(store, ctx.limits, label), store, col, ctx)
+
+
+def _device_code(entry: fatbin.Entry, payload: bytes, ctx: ScanContext, what: str) -> DeviceCode | None:
+    if entry.kind == "cubin":
+        return summarize_cubin(payload, ctx.rules, ctx.limits, what, entry.arch)
+    if entry.kind == "ptx":
+        return summarize_ptx(payload, ctx.rules, entry.arch)
+    return None
+
+
+def _scan_elf_tables(elf: ElfFile, store: SpanStore, col: _Collector, ctx: ScanContext) -> None:
+    stats = col.scan.stats
+    for sec_name, layer in ((".dynsym", "elf-dynsym"), (".symtab", "elf-symtab")):
+        sec = elf.section(sec_name)
+        if sec is None:
+            continue
+        strtab = elf.linked_strtab(sec)
+        stats[f"{layer}_symbols"] += sec.size // (24 if elf.is64 else 16)
+        hits = StringHits(strtab, [m.start() for m in ctx.rules.prefilter.finditer(strtab)])
+        if not hits:
+            continue
+        for sym in elf.iter_symbols(sec, hits):
+            if sym.defined and sym.type != 3:  # STT_SECTION names are not symbols of code
+                col.add(layer, sym.name.decode("latin-1"), sym.size, what="file" if sym.type == 4 else "")
+    rodata = [s for s in elf.sections if s.name.startswith(".rodata") and s.file_size]
+    if not elf.sections:  # no section headers: read every retained byte as if it were .rodata
+        spans = [(0, elf.size)]
+    else:
+        spans = [(s.offset, s.file_size) for s in rodata]
+    for off, n in spans:
+        for _, data in store.pieces(off, n):
+            stats["rodata_bytes"] += len(data)
+            for text in _strings_with_hits(data, ctx.rules):
+                op = ctx.rules.schema_op(text)
+                if op:
+                    col.scan.hits.append(Hit(op, "rodata-schema", text))
+                    continue
+                for op in ctx.rules.match(text):
+                    col.scan.hits.append(Hit(op, "rodata-string", text))
+
+
+def _strings_with_hits(data: bytes, rules: Rules, limit: int = 512) -> list[str]:
+    """Printable runs around each prefilter hit (like `strings`, but only where it matters)."""
+    out: dict[str, None] = {}
+    for m in rules.prefilter.finditer(data):
+        lo, hi = max(0, m.start() - limit), min(len(data), m.end() + limit)
+        for run in _PRINTABLE_RUN.finditer(data, lo, hi):
+            if run.start() <= m.start() < run.end():
+                out[run.group().decode("ascii")] = None
+                break
+    return list(out)
+
+
+# -- ar archives (static libraries) ---------------------------------------------------------
+def _scan_ar(src: Pull, col: _Collector, ctx: ScanContext, label: str) -> None:
+    src.take(len(AR_MAGIC))
+    long_names = b""
+    while src.remaining >= 60:
+        head = src.take(60)
+        if head[58:60] != b"`\n":
+            raise MalformedBinaryError(f"{label}: bad ar member header at {src.pos - 60}")
+        name = head[:16].rstrip(b" ")
+        try:
+            size = int(head[48:58].strip() or b"0")
+        except ValueError:
+            raise MalformedBinaryError(f"{label}: bad ar member size at {src.pos - 60}") from None
+        if size > src.remaining:
+            raise MalformedBinaryError(f"{label}: ar member of {size} bytes, only {src.remaining} left")
+        if name == b"//":
+            long_names = src.take(size)
+        elif name in (b"/", b"/SYM64/") or size < 4:
+            src.skip(size)
+        else:
+            if name.startswith(b"/") and name[1:].isdigit():
+                off = int(name[1:])
+                name = long_names[off : long_names.find(b"\n", off)] if off < len(long_names) else name
+            sub = Pull(SubReader(src, size), size, f"{label}({name.rstrip(b'/').decode('latin-1')})")
+            sub.fill(4)
+            if bytes(sub.buf[:4]) == ELF_MAGIC:
+                _scan_host_elf(sub, col, ctx, sub.what)
+            else:
+                sub.skip(size)
+        if size % 2 and src.remaining:
+            src.take(1)
+
+
+# -- text-like members: routed/info only ----------------------------------------------------
+def _scan_text(src: Pull, scan: MemberScan, ctx: ScanContext) -> None:
+    kind = routed_kind(scan.member)
+    counts: Counter = Counter()
+    snippets: dict[str, list[str]] = {}
+    carry, base, done = b"", 0, 0
+    while src.remaining:
+        chunk = src.take(min(CHUNK, src.remaining))
+        window = carry + chunk
+        for m in ctx.rules.prefilter.finditer(window):
+            if base + m.start() < done:
+                continue
+            lo = max(window.rfind(b"\n", 0, m.start()) + 1, m.start() - 160)
+            hi = window.find(b"\n", m.end())
+            hi = min(hi if hi >= 0 else len(window), m.end() + 160)
+            line = window[lo:hi].decode("utf-8", "replace").strip()
+            for op in ctx.rules.match(line):
+                counts[op] += 1
+                if len(snippets.setdefault(op, [])) < ROUTED_SNIPPETS and line not in snippets[op]:
+                    snippets[op].append(line)
+        carry = window[-TEXT_OVERLAP:] if src.remaining else b""
+        base += len(window) - len(carry)
+        done = base
+    scan.stats["text_files"] += 1
+    scan.stats["text_bytes"] += src.size
+    for op, n in counts.items():
+        scan.routed.append({"op": op, "member": scan.member, "kind": kind, "count": n, "evidence": snippets[op]})
+
+
+# -- dispatch -------------------------------------------------------------------------------
+def scan_member(stream, name: str, unpacked: int, compressed: int, ctx: ScanContext, on_progress=None) -> MemberScan:
+    src = Pull(stream, unpacked, name, on_progress)
+    src.fill(64)
+    kind = classify(name, bytes(src.buf[:64]))
+    scan = MemberScan(name, kind, unpacked, compressed)
+    col = _Collector(scan, ctx)
+    if kind == "elf":
+        _scan_host_elf(src, col, ctx, name)
+    elif kind == "ar":
+        _scan_ar(src, col, ctx, name)
+    elif kind == "fatbin":
+        while src.remaining:
+            if src.fill(16) >= 16 and fatbin.find_container(bytes(src.buf[:16])) == 0:
+                fatbin.read_container(src, ctx.limits, lambda e, p: _shipped_entry(e, p, col, ctx, name))
+            else:
+                src.skip(src.remaining)  # trailing padding
+        scan.stats["shipped_device_files"] += 1
+    elif kind in ("cubin", "ptx"):
+        if unpacked > ctx.limits.max_entry_unpacked:
+            raise MalformedBinaryError(f"{name}: {unpacked}-byte device file is over the limit")
+        data = src.take(unpacked)
+        code = summarize_cubin(data, ctx.rules, ctx.limits, name) if kind == "cubin" else summarize_ptx(data, ctx.rules)
+        col.add_device(code, (f"shipped-{kind}",) * 2, unpacked, unpacked, "none")
+        scan.stats["shipped_device_files"] += 1
+    else:
+        _scan_text(src, scan, ctx)
+    col.finish()
+    return scan
+
+
+def _shipped_entry(entry: fatbin.Entry, payload: bytes, col: _Collector, ctx: ScanContext, name: str) -> None:
+    col.scan.stats["fatbin_entries"] += 1
+    code = _device_code(entry, payload, ctx, f"{name}: fatbin entry at {entry.offset}")
+    if code is not None:
+        col.add_entry(code, ("shipped-fatbin", "shipped-fatbin"), entry)
