@@ -21,24 +21,35 @@ EXIT_CLEAN, EXIT_FOUND, EXIT_UNREADABLE = 0, 1, 2
 
 def add_arguments(parser) -> None:
     parser.add_argument("wheels", nargs="+", metavar="WHEEL", help="wheel files to audit")
-    parser.add_argument("--json", action="store_true", help="print JSON (one object per wheel, a list for several)")
+    parser.add_argument(
+        "--json", action="store_true", help="print JSON (one object per wheel, a list for several)"
+    )
     add_common_arguments(parser)
 
 
 def add_common_arguments(parser) -> None:
     """Options shared with `slim-kernel size`."""
     parser.add_argument(
-        "--retired", action="append", metavar="OPS",
+        "--retired",
+        action="append",
+        metavar="OPS",
         help="retired op names or prefix globs, comma-separated or repeated "
-             "(default: bmm_fp8,dsv3_router_gemm,dsv3_fused_a_gemm,dsv3_*)",
+        "(default: bmm_fp8,dsv3_router_gemm,dsv3_fused_a_gemm,dsv3_*)",
     )
-    parser.add_argument("--jobs", type=int, default=None, metavar="N",
-                        help="worker processes (default: all cores)")
+    parser.add_argument(
+        "--jobs", type=int, default=None, metavar="N", help="worker processes (default: all cores)"
+    )
     bar = parser.add_mutually_exclusive_group()
-    bar.add_argument("--progress", dest="progress", action="store_true", default=None,
-                     help="always show the progress bar on stderr")
-    bar.add_argument("--no-progress", dest="progress", action="store_false",
-                     help="never show the progress bar")
+    bar.add_argument(
+        "--progress",
+        dest="progress",
+        action="store_true",
+        default=None,
+        help="always show the progress bar on stderr",
+    )
+    bar.add_argument(
+        "--no-progress", dest="progress", action="store_false", help="never show the progress bar"
+    )
 
 
 def context_from_args(args) -> ScanContext:

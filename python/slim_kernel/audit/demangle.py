@@ -23,8 +23,12 @@ def demangle_all(names) -> dict[str, str]:
     if not mangled or tool is None:
         return out
     proc = subprocess.run(
-        [tool], input="\n".join(mangled) + "\n", capture_output=True, text=True,
-        encoding="latin-1", check=False,
+        [tool],
+        input="\n".join(mangled) + "\n",
+        capture_output=True,
+        text=True,
+        encoding="latin-1",
+        check=False,
     )
     lines = proc.stdout.splitlines()
     if proc.returncode == 0 and len(lines) == len(mangled):

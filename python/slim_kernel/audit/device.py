@@ -87,8 +87,11 @@ def summarize_ptx(text: bytes, rules: Rules, arch: str = "") -> DeviceCode:
     entries = [m.group(1).decode("latin-1") for m in _PTX_ENTRY.finditer(text)]
     tus = tu_files(text)
     code = DeviceCode(
-        "ptx", arch or (target.group(1).decode().replace("sm_", "compute_") if target else "ptx"),
-        tus, _tu_ops(tus, rules), kernel_count=len(entries),
+        "ptx",
+        arch or (target.group(1).decode().replace("sm_", "compute_") if target else "ptx"),
+        tus,
+        _tu_ops(tus, rules),
+        kernel_count=len(entries),
     )
     code.names = [(e, 0, "entry") for e in entries if code.tu_ops or rules.maybe(e.encode("latin-1"))]
     return code

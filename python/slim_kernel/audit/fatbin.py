@@ -72,7 +72,9 @@ def read_container(src, limits: Limits, on_entry) -> int:
         if end - src.pos < ENTRY_BASE:
             tail = src.take(end - src.pos)
             if tail.strip(b"\x00"):
-                raise MalformedBinaryError(f"{src.what}: {len(tail)} stray bytes at the end of fatbin at {at}")
+                raise MalformedBinaryError(
+                    f"{src.what}: {len(tail)} stray bytes at the end of fatbin at {at}"
+                )
             break
         entry, payload = _read_entry(src, end, limits)
         on_entry(entry, payload)
@@ -95,7 +97,9 @@ def _read_entry(src, end: int, limits: Limits) -> tuple[Entry, bytes]:
             f"only {end - src.pos} remain in its container"
         )
     if stored > limits.max_entry_unpacked:
-        raise MalformedBinaryError(f"{src.what}: fatbin entry at {at} payload of {stored} bytes is over the limit")
+        raise MalformedBinaryError(
+            f"{src.what}: fatbin entry at {at} payload of {stored} bytes is over the limit"
+        )
     payload = src.take(stored)
     kind = KINDS.get(kind_id, f"kind{kind_id}")
     compression = "lz4" if flags & FLAG_LZ4 else "zstd" if flags & FLAG_ZSTD else "none"
@@ -118,7 +122,9 @@ def decompress(method: str, payload: bytes, csize: int, usize: int, limits: Limi
         try:
             import lz4.block
         except ImportError:
-            raise AuditInputError(f"{what}: LZ4 payload needs the 'lz4' package (pip install slim-kernel[audit])") from None
+            raise AuditInputError(
+                f"{what}: LZ4 payload needs the 'lz4' package (pip install slim-kernel[audit])"
+            ) from None
         try:
             out = lz4.block.decompress(data, uncompressed_size=usize)
         except Exception as exc:  # lz4.block.LZ4BlockError and size errors
@@ -127,7 +133,9 @@ def decompress(method: str, payload: bytes, csize: int, usize: int, limits: Limi
         try:
             import zstandard
         except ImportError:
-            raise AuditInputError(f"{what}: zstd payload needs the 'zstandard' package (pip install slim-kernel[audit])") from None
+            raise AuditInputError(
+                f"{what}: zstd payload needs the 'zstandard' package (pip install slim-kernel[audit])"
+            ) from None
         try:
             parts, got = [], 0
             with zstandard.ZstdDecompressor().stream_reader(io.BytesIO(data)) as reader:

@@ -9,8 +9,16 @@ from .rules import Rules
 from .runner import WheelScan
 
 LAYERS = (
-    "elf-dynsym", "elf-symtab", "rodata-schema", "rodata-string", "fatbin-kernel", "fatbin-tu",
-    "ptx-entry", "shipped-cubin", "shipped-fatbin", "shipped-ptx",
+    "elf-dynsym",
+    "elf-symtab",
+    "rodata-schema",
+    "rodata-string",
+    "fatbin-kernel",
+    "fatbin-tu",
+    "ptx-entry",
+    "shipped-cubin",
+    "shipped-fatbin",
+    "shipped-ptx",
 )
 LAYER_TITLES = {
     "elf-dynsym": "exported/defined dynamic symbols (demangled)",
@@ -41,9 +49,11 @@ def _scanned(layer: str, st: Counter) -> str:
     if layer.startswith("rodata"):
         return f"{st['rodata_bytes']:,} bytes of .rodata"
     if layer in ("fatbin-kernel", "fatbin-tu"):
-        return (f"{st['fatbin_containers']} fatbin containers, {st['fatbin_entries']} entries "
-                f"({st['fatbin_none']} plain, {st['fatbin_lz4']} LZ4, {st['fatbin_zstd']} zstd), "
-                f"{st['cubins']} cubins, {st['cubin_names']:,} kernels")
+        return (
+            f"{st['fatbin_containers']} fatbin containers, {st['fatbin_entries']} entries "
+            f"({st['fatbin_none']} plain, {st['fatbin_lz4']} LZ4, {st['fatbin_zstd']} zstd), "
+            f"{st['cubins']} cubins, {st['cubin_names']:,} kernels"
+        )
     if layer == "ptx-entry":
         return f"{st['ptxs']} PTX modules, {st['ptx_names']:,} entries"
     return f"{st['shipped_device_files']} shipped device files"
@@ -84,8 +94,14 @@ def audit_result(scan: WheelScan, rules: Rules) -> dict:
 
 
 def error_result(path: str, message: str, seconds: float) -> dict:
-    return {"wheel": path, "clean": False, "ops_found": [], "findings": [], "seconds": round(seconds, 3),
-            "error": message}
+    return {
+        "wheel": path,
+        "clean": False,
+        "ops_found": [],
+        "findings": [],
+        "seconds": round(seconds, 3),
+        "error": message,
+    }
 
 
 def human_report(result: dict, examples: int = 3) -> str:
@@ -95,8 +111,10 @@ def human_report(result: dict, examples: int = 3) -> str:
         return f"{name}: UNREADABLE: {result['error']}"
     verdict = "CLEAN" if result["clean"] else f"RETIRED AOT CODE FOUND: {', '.join(result['ops_found'])}"
     lines.append(f"{name}: {verdict}")
-    lines.append(f"  {result['members']} members, {result['bytes_unpacked']:,} bytes unpacked, "
-                 f"{result['seconds']:.1f} s; retired: {', '.join(result['retired'])}")
+    lines.append(
+        f"  {result['members']} members, {result['bytes_unpacked']:,} bytes unpacked, "
+        f"{result['seconds']:.1f} s; retired: {', '.join(result['retired'])}"
+    )
     lines.append("  layer            findings  scanned")
     for layer, info in result["layers"].items():
         lines.append(f"  {layer:<16} {info['findings']:>8}  {info['scanned']}")
@@ -105,8 +123,10 @@ def human_report(result: dict, examples: int = 3) -> str:
         by_op_layer[(f["op"], f["layer"])].append(f)
     for (op, layer), items in by_op_layer.items():
         members = sorted({f["member"] for f in items})
-        lines.append(f"  [{op}] {layer}: {len(items)} in {', '.join(members[:3])}"
-                     + (f" (+{len(members) - 3} more)" if len(members) > 3 else ""))
+        lines.append(
+            f"  [{op}] {layer}: {len(items)} in {', '.join(members[:3])}"
+            + (f" (+{len(members) - 3} more)" if len(members) > 3 else "")
+        )
         for f in items[:examples]:
             archs = f" ({', '.join(f['archs'])})" if f["archs"] else ""
             lines.append(f"      {_clip(f['evidence'])}{archs}")

@@ -57,8 +57,15 @@ class Progress:
             try:
                 from tqdm import tqdm
 
-                self._bar = tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024,
-                                 desc=f"audit {label}", file=sys.stderr, leave=False)
+                self._bar = tqdm(
+                    total=total,
+                    unit="B",
+                    unit_scale=True,
+                    unit_divisor=1024,
+                    desc=f"audit {label}",
+                    file=sys.stderr,
+                    leave=False,
+                )
             except ImportError:
                 pass
 
@@ -73,8 +80,12 @@ class Progress:
         if now - self._last > 0.5 or self._done >= self._total:
             self._last = now
             pct = 100.0 * self._done / max(self._total, 1)
-            print(f"\raudit {self._label}: {self._done / MiB:,.0f}/{self._total / MiB:,.0f} MiB ({pct:.0f}%)",
-                  end="", file=sys.stderr, flush=True)
+            print(
+                f"\raudit {self._label}: {self._done / MiB:,.0f}/{self._total / MiB:,.0f} MiB ({pct:.0f}%)",
+                end="",
+                file=sys.stderr,
+                flush=True,
+            )
 
     def close(self) -> None:
         if self._bar is not None:
@@ -109,7 +120,9 @@ def _scan_task(path: str, members: list[Member], ctx: ScanContext, report=None) 
                 except AuditInputError:
                     raise
                 except (struct.error, IndexError, ValueError, OverflowError, UnicodeError) as exc:
-                    raise MalformedBinaryError(f"{m.name}: malformed content ({type(exc).__name__}: {exc})") from None
+                    raise MalformedBinaryError(
+                        f"{m.name}: malformed content ({type(exc).__name__}: {exc})"
+                    ) from None
     _emit(report, pending[0])
     return out
 
@@ -140,7 +153,9 @@ def plan_tasks(members: list[Member]) -> list[list[Member]]:
     return tasks
 
 
-def scan_wheel(path: str, ctx: ScanContext, jobs: int | None = None, progress: bool | None = None) -> WheelScan:
+def scan_wheel(
+    path: str, ctx: ScanContext, jobs: int | None = None, progress: bool | None = None
+) -> WheelScan:
     """Scan all members; raises `AuditInputError` if the wheel cannot be read safely."""
     start = time.perf_counter()
     with WheelArchive(path, ctx.limits) as archive:
@@ -182,8 +197,9 @@ def _run_pool(path: str, tasks: list[list[Member]], ctx: ScanContext, jobs: int,
     reader.start()
     out: list[MemberScan] = []
     try:
-        with ProcessPoolExecutor(max_workers=min(jobs, len(tasks)), mp_context=mp,
-                                 initializer=_init_worker, initargs=(queue,)) as pool:
+        with ProcessPoolExecutor(
+            max_workers=min(jobs, len(tasks)), mp_context=mp, initializer=_init_worker, initargs=(queue,)
+        ) as pool:
             futures = [pool.submit(_scan_task, path, task, ctx) for task in tasks]
             try:
                 for fut in futures:

@@ -16,7 +16,7 @@ from pathlib import PurePosixPath
 
 from . import demangle, fatbin
 from .device import DeviceCode, summarize_cubin, summarize_ptx
-from .elf import EM_CUDA, ELF_MAGIC, ElfFile, StringHits
+from .elf import ELF_MAGIC, EM_CUDA, ElfFile, StringHits
 from .limits import Limits, MalformedBinaryError
 from .rules import Rules
 from .stream import CHUNK, Pull, SpanStore, SubReader
@@ -101,7 +101,9 @@ class _Collector:
         self._raw: list[tuple[str, str, int, str, tuple[str, ...], str]] = []
         self._per_layer: Counter = Counter()
 
-    def add(self, layer: str, name: str, size: int = 0, arch: str = "", ops: tuple[str, ...] = (), what: str = ""):
+    def add(
+        self, layer: str, name: str, size: int = 0, arch: str = "", ops: tuple[str, ...] = (), what: str = ""
+    ):
         if self._per_layer[layer] >= self.ctx.limits.max_hits_per_member:
             self.scan.stats["evidence_dropped"] += 1
             return
@@ -117,7 +119,9 @@ class _Collector:
         self.scan.stats[f"{code.kind}_names"] += code.kernel_count
         for tu_name in code.tus:
             for tu_op in self.ctx.rules.match(tu_name):
-                self.scan.hits.append(Hit(tu_op, blob_layer, f"translation unit {tu_name}", stored, code.arch))
+                self.scan.hits.append(
+                    Hit(tu_op, blob_layer, f"translation unit {tu_name}", stored, code.arch)
+                )
         for name, size, what in code.names:
             # kernels of a retired TU are attributed to it; their bytes are inside the blob already
             self.add(names_layer, name, size, code.arch, code.tu_ops, what)
@@ -276,11 +280,15 @@ def _scan_text(src: Pull, scan: MemberScan, ctx: ScanContext) -> None:
     scan.stats["text_files"] += 1
     scan.stats["text_bytes"] += src.size
     for op, n in counts.items():
-        scan.routed.append({"op": op, "member": scan.member, "kind": kind, "count": n, "evidence": snippets[op]})
+        scan.routed.append(
+            {"op": op, "member": scan.member, "kind": kind, "count": n, "evidence": snippets[op]}
+        )
 
 
 # -- dispatch -------------------------------------------------------------------------------
-def scan_member(stream, name: str, unpacked: int, compressed: int, ctx: ScanContext, on_progress=None) -> MemberScan:
+def scan_member(
+    stream, name: str, unpacked: int, compressed: int, ctx: ScanContext, on_progress=None
+) -> MemberScan:
     src = Pull(stream, unpacked, name, on_progress)
     src.fill(64)
     kind = classify(name, bytes(src.buf[:64]))
@@ -301,7 +309,11 @@ def scan_member(stream, name: str, unpacked: int, compressed: int, ctx: ScanCont
         if unpacked > ctx.limits.max_entry_unpacked:
             raise MalformedBinaryError(f"{name}: {unpacked}-byte device file is over the limit")
         data = src.take(unpacked)
-        code = summarize_cubin(data, ctx.rules, ctx.limits, name) if kind == "cubin" else summarize_ptx(data, ctx.rules)
+        code = (
+            summarize_cubin(data, ctx.rules, ctx.limits, name)
+            if kind == "cubin"
+            else summarize_ptx(data, ctx.rules)
+        )
         col.add_device(code, (f"shipped-{kind}",) * 2, unpacked, unpacked, "none")
         scan.stats["shipped_device_files"] += 1
     else:

@@ -123,7 +123,9 @@ class WheelArchive:
         for (start, info), (next_start, nxt) in zip(spans, spans[1:]):
             end = start + _ZIP_LOCAL_HEADER + len(info.filename.encode()) + info.compress_size
             if end > next_start:
-                raise HostileArchiveError(f"members {info.filename!r} and {nxt.filename!r} overlap (zip bomb?)")
+                raise HostileArchiveError(
+                    f"members {info.filename!r} and {nxt.filename!r} overlap (zip bomb?)"
+                )
 
     def open(self, name: str):
         """Forward-only stream of a member's bytes; errors become `AuditInputError`."""
