@@ -19,7 +19,7 @@ the SMs, at most 8) are launch-time.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 
@@ -27,7 +27,8 @@ ROUTER = "dsv3_router_gemm"
 FUSED_A = "dsv3_fused_a_gemm"
 MAX_M = 16
 VEC = 8  # bf16 elements per 16-byte load: K and row strides must be multiples of this
-MAX_CLUSTER = 8  # portable cluster size limit
+MAX_CLUSTER = 8  # portable cluster size: the most split=0 picks
+MAX_SPLIT = 16  # explicit split may use non-portable clusters (the launcher allows them)
 MAX_SMEM = 227 * 1024
 SIGNATURE = "pppiiiiii"  # act, w, out, M, N, K, ld_act, ld_w, ld_out
 _INT32_MAX = 2**31 - 1
@@ -42,9 +43,9 @@ class GemmConfig:
 
     def __post_init__(self):
         if not (1 <= self.rt <= 8 and 2 <= self.stages <= 16 and 1 <= self.warps <= 8
-                and 0 <= self.split <= MAX_CLUSTER):
+                and 0 <= self.split <= MAX_SPLIT):
             raise ValueError(f"bad JIT GEMM config {self}: need rt 1..8, stages 2..16, warps 1..8, "
-                             f"split 0..{MAX_CLUSTER}")
+                             f"split 0..{MAX_SPLIT}")
 
 
 # Defaults (first measured guesses; see benchmark/results/h200/ for the numbers behind them).
@@ -168,8 +169,8 @@ def launch_geometry(cfg: GemmConfig, n: int, k: int, sm_count: int) -> tuple[tup
     """grid, block, cluster for one call (split = 0 fills the SMs with clusters along K)."""
     groups = -(-n // (16 * cfg.rt))
     blocks_k = -(-k // 32)
-    split = cfg.split or max(1, sm_count // groups)
-    split = max(1, min(split, MAX_CLUSTER, blocks_k // cfg.warps or 1))
+    split = cfg.split or min(MAX_CLUSTER, max(1, sm_count // groups))
+    split = max(1, min(split, blocks_k // cfg.warps or 1))
     return (groups, split, 1), (32 * cfg.warps, 1, 1), ((1, split, 1) if split > 1 else None)
 
 

@@ -2,7 +2,7 @@
 // contiguous (N, K) weight W read row by row; fp32 accumulation. M <= 16, K % 8 == 0, any N
 // (7168 -> 2112 tuned: 2112 / 16 = 132 row tiles, one per H200 SM when RT * S = 4 * 4).
 // Kernel body: slim::skinny_gemm in common.cuh (design notes there).
-// slim:limits max_registers=168 max_spill_bytes=0 max_smem_static=1024
+// slim:limits max_registers=168 max_spill_bytes=0 max_smem_static=0
 //
 // Compile-time parameters (-D):
 //   SK_NT       token tiles of 8 (1: M <= 8, 2: M <= 16)

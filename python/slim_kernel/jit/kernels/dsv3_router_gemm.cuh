@@ -1,7 +1,7 @@
 // dsv3_router_gemm: logits(M, E) = hidden_states(M, K) bf16 @ router_weight(E, K)^T, fp32 accumulation,
 // fp32 or bf16 logits. M <= 16, any E (256/384 tuned), K % 8 == 0 (7168 tuned).
 // Kernel body: slim::skinny_gemm in common.cuh (design notes there).
-// slim:limits max_registers=168 max_spill_bytes=0 max_smem_static=1024
+// slim:limits max_registers=168 max_spill_bytes=0 max_smem_static=0
 //
 // Compile-time parameters (-D):
 //   SK_NT       token tiles of 8 (1: M <= 8, 2: M <= 16)

@@ -1,0 +1,229 @@
+"""Decode GEMM benchmark: dsv3_router_gemm and dsv3_fused_a_gemm on the GPU machine.
+
+  python benchmark/bench_gemm.py --json OUT.json --png OUT.png [--ms 1-16] [--ops router,fused_a]
+         [--variant LABEL@OP@RULES ...] [--no-variants] [--quick]
+
+Per (case, M, cold|hot) row, measured in one run (method: benchmark/harness.py): flashinfer
+(mm_M1_16_K7168_N256/_N384[_bf16] with W.t(), tinygemm_bf16), torch F.linear, our JIT kernel
+through the public op (backend="jit") and through the backend function, the JIT kernel with
+PDL launches, JIT tile-config variants (cold only), the HBM floor and the graph launch floor.
+jit / jit_op / variants launch without PDL, like the flashinfer anchors (launch_with_pdl=False);
+jit_pdl shows what PDL adds between back-to-back calls (in a real decode step the overlap is
+with the preceding kernel instead).
+
+Variants: RULES is a JIT tile-rule string (see slim_kernel/backends/jit.py), OP router|fused_a,
+e.g. --variant 'fa_small@fused_a@8:rt=1,warps=8,split=1;16:rt=4'. SLIM_BENCH_VARIANTS (the same
+specs, whitespace separated; "none" for none) replaces the built-in list.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import harness as H  # noqa: E402
+import slim_kernel as sk  # noqa: E402
+from slim_kernel.backends import jit as jb  # noqa: E402
+
+K = 7168
+FUSED_N = 2112
+OPS = {"router": jb.ROUTER, "fused_a": jb.FUSED_A}
+# Designs compared in one GPU run (cold); the defaults are in jb.DEFAULT_RULES.
+BUILTIN_VARIANTS = [
+    "r_w8@router@rt=1,stages=4,warps=8,split=0",
+    "r_s4@router@rt=1,stages=8,warps=4,split=4",
+    "r_rt2@router@rt=2,stages=8,warps=4,split=8",
+    "r_w2@router@rt=1,stages=8,warps=2,split=8",
+    "r_s16@router@rt=1,stages=8,warps=2,split=16",
+    "fa_w8@fused_a@rt=4,stages=3,warps=8,split=0",
+    "fa_rt1@fused_a@rt=1,stages=8,warps=8,split=1",
+    "fa_rt2@fused_a@rt=2,stages=6,warps=4,split=0",
+    "fa_rt6@fused_a@rt=6,stages=4,warps=4,split=0",
+    "fa_st8@fused_a@rt=4,stages=8,warps=4,split=0",
+    "fa_st2w8@fused_a@rt=4,stages=2,warps=8,split=0",
+]
+MAIN_IMPLS = ["flashinfer", "torch", "jit_op", "jit", "jit_pdl"]
+
+
+def parse_variant(spec: str) -> tuple[str, str, tuple]:
+    try:
+        label, op, rules = spec.split("@", 2)
+        return label, OPS[op], jb.parse_rules(rules)
+    except (ValueError, KeyError) as exc:
+        raise SystemExit(f"bad --variant {spec!r} (want LABEL@router|fused_a@RULES): {exc}") from None
+
+
+def parse_ms(text: str) -> list[int]:
+    ms: set[int] = set()
+    for part in text.split(","):
+        lo, _, hi = part.partition("-")
+        ms.update(range(int(lo), int(hi or lo) + 1))
+    return sorted(ms)
+
+
+def load_flashinfer(report: H.Report):
+    if importlib.util.find_spec("flashinfer") is None:
+        report.notes.append("flashinfer is not installed: its columns are absent")
+        return None
+    try:
+        from slim_kernel.backends import flashinfer as fib
+        return fib
+    except Exception as exc:  # noqa: BLE001 - report any import failure and go on
+        report.notes.append(f"flashinfer unusable ({type(exc).__name__}: {exc}): its columns are absent")
+        return None
+
+
+def router_impls(fib, e, dt, x, out):
+    """name -> (weight -> call) for one router case."""
+    impls = {}
+    if fib is not None and (e, dt) in fib.ROUTER_KERNELS:
+        kern = fib.ROUTER_KERNELS[(e, dt)]
+        impls["flashinfer"] = lambda w: (lambda: kern(x, w.t(), out, launch_with_pdl=False))
+    impls["torch"] = lambda w: (lambda: F.linear(x, w))
+    impls["jit_op"] = lambda w: (lambda: sk.dsv3_router_gemm(x, w, dt, output=out, backend="jit"))
+    impls["jit"] = lambda w: (lambda: jb.dsv3_router_gemm(out, x, w))
+    return impls
+
+
+def fused_a_impls(fib, x, out):
+    impls = {}
+    if fib is not None:
+        impls["flashinfer"] = lambda w: (lambda: fib.tinygemm_bf16(x, w, out))
+    impls["torch"] = lambda w: (lambda: F.linear(x, w))
+    impls["jit_op"] = lambda w: (lambda: sk.dsv3_fused_a_gemm(x, w.t(), output=out, backend="jit"))
+    impls["jit"] = lambda w: (lambda: jb.dsv3_fused_a_gemm(out, x, w.t()))
+    return impls
+
+
+def measure(make, weights, *, pdl=False, rules=None, op=None) -> float | None:
+    saved = jb._RULES[op] if op else None
+    try:
+        jb.set_pdl(pdl)
+        if rules is not None:
+            jb.set_config(op, rules)
+        return H.time_graph([make(w) for w in weights])
+    finally:
+        jb.set_pdl(False)
+        if rules is not None:
+            jb.set_config(op, saved)
+
+
+def run_case(report, op, shape, weight, make_impls, ms, variants, gen, out_dtype):
+    n, k = weight.shape
+    copies = {"cold": H.rotating(weight, H.copies_for(weight.numel() * 2, True)), "hot": [weight]}
+    for m in ms:
+        x = torch.randn(m, k, generator=gen, device="cuda").to(torch.bfloat16)
+        out = torch.empty(m, n, device="cuda", dtype=out_dtype)
+        impls = make_impls(x, out)
+        for cache, ws in copies.items():
+            row = H.Row(op=op, shape={**shape, "m": m}, cache=cache,
+                        bytes_read=n * k * 2 + m * k * 2 + m * n * out.element_size())
+            for name, make in impls.items():
+                row.us[name] = measure(make, ws)
+            row.us["jit_pdl"] = measure(impls["jit"], ws, pdl=True)
+            if cache == "cold":
+                for label, vop, rules in variants:
+                    if vop == op:
+                        row.us[f"jit[{label}]"] = measure(impls["jit"], ws, rules=rules, op=op)
+            report.add(row)
+        print(f"  {op} {shape} M={m}: " + ", ".join(f"{a}={b:.2f}" for a, b in report.rows[-2].us.items()),
+              flush=True)
+    del copies
+
+
+def check_targets(report) -> list[str]:
+    lines = []
+    for r in report.rows:
+        if r.cache != "cold" or "jit" not in r.us:
+            continue
+        j, fi = r.us["jit"], r.us.get("flashinfer")
+        tag = f"{r.op} {r.shape}"
+        if r.op == jb.ROUTER:
+            if fi is not None and j > fi:
+                lines.append(f"MISS {tag}: jit {j:.2f} us > flashinfer {fi:.2f} us")
+            if r.shape["m"] == 16 and r.shape["e"] == 256 and j > 3.0:
+                lines.append(f"MISS {tag}: jit {j:.2f} us > 3.0 us target")
+        elif j > 8.0:
+            lines.append(f"MISS {tag}: jit {j:.2f} us > 8.0 us target")
+    return lines or ["all targets met (router <= flashinfer at every M and <= 3.0 us at M=16; fused-A <= 8.0 us)"]
+
+
+def resource_notes(report) -> None:
+    try:
+        from slim_kernel import jit
+        arch = jit.arch_for_device(torch.cuda.current_device())
+        for inst in jb.all_instances():
+            u = jit.resource_usage(inst, arch)
+            report.notes.append(f"{inst.entry} {dict(inst.defines)} on {arch}: {u.registers} regs, "
+                                f"spill {u.spill_bytes} B, static smem {u.smem_static} B")
+    except Exception as exc:  # noqa: BLE001
+        report.notes.append(f"resource usage unavailable: {exc}")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--json", required=True)
+    ap.add_argument("--png")
+    ap.add_argument("--ms", default="1-16", help="M values, e.g. 1-16 or 1,2,4,8,16")
+    ap.add_argument("--ops", default="router,fused_a")
+    ap.add_argument("--variant", action="append", default=None, help="LABEL@OP@RULES (repeatable)")
+    ap.add_argument("--no-variants", action="store_true")
+    ap.add_argument("--quick", action="store_true", help="M in 1,2,4,8,16 and no bf16 router case")
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("bench_gemm: no CUDA device", file=sys.stderr)
+        return 2
+    env = os.environ.get("SLIM_BENCH_VARIANTS")
+    specs = args.variant or (env.split() if env and env != "none" else [] if env == "none" else BUILTIN_VARIANTS)
+    variants = [] if args.no_variants else [parse_variant(s) for s in specs]
+    ms = [1, 2, 4, 8, 16] if args.quick else parse_ms(args.ms)
+    ops = set(args.ops.split(","))
+    pdl_default = jb.PDL
+
+    report, t0 = H.start_report()
+    report.notes.append(f"JIT default rules: {jb._RULES}; backend PDL default {'on' if pdl_default else 'off'}")
+    fib = load_flashinfer(report)
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    if "router" in ops:
+        cases = [(256, torch.float32), (384, torch.float32)] + ([] if args.quick else [(256, torch.bfloat16)])
+        for e, dt in cases:
+            w = torch.randn(e, K, generator=gen, device="cuda").to(torch.bfloat16)
+            run_case(report, jb.ROUTER, {"e": e, "k": K, "out": str(dt).replace("torch.", "")}, w,
+                     lambda x, out, e=e, dt=dt: router_impls(fib, e, dt, x, out), ms, variants, gen, dt)
+    if "fused_a" in ops:
+        w = torch.randn(FUSED_N, K, generator=gen, device="cuda").to(torch.bfloat16)
+        run_case(report, jb.FUSED_A, {"n": FUSED_N, "k": K}, w, lambda x, out: fused_a_impls(fib, x, out),
+                 ms, variants, gen, torch.bfloat16)
+    jb.set_pdl(pdl_default)
+    resource_notes(report)
+    report.notes += check_targets(report)
+    report.seconds = time.time() - t0
+    report.to_json(args.json)
+    impls = MAIN_IMPLS + [f"jit[{v[0]}]" for v in variants]
+    if args.png:
+        groups = [(f"router E={e} K={K} {o}", lambda r, e=e, o=o: r.op == jb.ROUTER and r.shape["e"] == e
+                   and r.shape["out"] == o) for e, o in ((256, "float32"), (384, "float32"), (256, "bfloat16"))]
+        groups.append((f"fused_a N={FUSED_N} K={K}", lambda r: r.op == jb.FUSED_A))
+        groups = [g for g in groups if any(g[1](r) for r in report.rows)]
+        H.plot(report, args.png, groups, impls)
+    print()
+    print("\n".join(report.notes))
+    print(f"\n{report.device}: HBM read {report.hbm_read_GBps:.0f} GB/s, graph launch floor "
+          f"{report.launch_floor_us:.2f} us, {report.seconds:.0f} s; us per call, cold:")
+    print(H.table(report, MAIN_IMPLS))
+    for op in sorted({v[1] for v in variants}):
+        print(f"\n{op} variants (cold, jit = default rules):")
+        print(H.table(report, ["jit", *[f"jit[{v[0]}]" for v in variants if v[1] == op]], op=op))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

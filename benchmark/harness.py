@@ -1,0 +1,186 @@
+"""One timing harness for every slim-kernel op benchmark (GPU machine only).
+
+Method (the decoding case): each measurement captures CALLS back-to-back calls of one
+implementation in a CUDA graph, the weights rotating over enough copies that the bytes
+touched between two uses of a copy exceed the L2 (cold), or one weight buffer (hot); the
+graph is replayed REPS times, each replay timed with CUDA events, and the per-call time is
+the median replay time / CALLS. Every table also carries, measured in the same run:
+  * the HBM floor: bytes an op must read / the read bandwidth of a large torch sum;
+  * the graph launch floor: the same graph of a one-element kernel (per-node launch cost).
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+
+import torch
+
+L2_ROTATE_BYTES = 160 << 20  # > 2.5x the H200's 60 MB L2 between two uses of a weight copy
+CALLS = 48  # calls per captured graph
+REPS = 15  # timed replays; the median is reported
+WARMUP = 3
+
+
+def device_name() -> str:
+    return torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+
+
+def copies_for(nbytes: int, cold: bool) -> int:
+    """How many weight copies a rotation needs so each copy is evicted before its reuse."""
+    return max(2, -(-L2_ROTATE_BYTES // max(nbytes, 1))) if cold else 1
+
+
+def rotating(tensor: torch.Tensor, copies: int) -> list[torch.Tensor]:
+    """``copies`` distinct buffers with ``tensor``'s values (the first is ``tensor`` itself)."""
+    return [tensor] + [tensor.clone() for _ in range(copies - 1)]
+
+
+def time_graph(calls: list[Callable[[], None]], *, reps: int = REPS) -> float:
+    """Median microseconds per call of ``calls`` (run in order, cycled to CALLS) replayed in a graph."""
+    seq = [calls[i % len(calls)] for i in range(max(CALLS, len(calls)))]
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for fn in calls:  # eager warm-up: compiles, plans, flashinfer/cuBLAS heuristics
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for fn in seq:
+            fn()
+    for _ in range(WARMUP):
+        graph.replay()
+    start = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    end = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    for i in range(reps):
+        start[i].record()
+        graph.replay()
+        end[i].record()
+    torch.cuda.synchronize()
+    per_call = [s.elapsed_time(e) * 1e3 / len(seq) for s, e in zip(start, end)]
+    del graph
+    return statistics.median(per_call)
+
+
+def hbm_read_bandwidth(nbytes: int = 2 << 30, reps: int = 10) -> float:
+    """Bytes/s a large torch reduction reads from HBM (the bandwidth the floors use)."""
+    x = torch.ones(nbytes // 2, device="cuda", dtype=torch.bfloat16)
+    out = torch.empty((), device="cuda", dtype=torch.float32)
+    torch.sum(x, dtype=torch.float32, out=out)
+    times = []
+    for _ in range(reps):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        torch.sum(x, dtype=torch.float32, out=out)
+        e.record()
+        torch.cuda.synchronize()
+        times.append(s.elapsed_time(e) * 1e-3)
+    del x
+    torch.cuda.empty_cache()
+    return nbytes / statistics.median(times)
+
+
+def graph_launch_floor() -> float:
+    """Per-call microseconds of a one-element kernel replayed in the same kind of graph."""
+    one = torch.zeros(1, device="cuda")
+    return time_graph([lambda: one.add_(1.0)])
+
+
+@dataclass
+class Row:
+    op: str
+    shape: dict
+    cache: str  # "cold" | "hot"
+    us: dict[str, float] = field(default_factory=dict)  # implementation -> median us per call
+    bytes_read: int = 0
+    hbm_floor_us: float = 0.0
+    launch_floor_us: float = 0.0
+
+
+@dataclass
+class Report:
+    command: str
+    device: str
+    torch: str
+    hbm_read_GBps: float
+    launch_floor_us: float
+    rows: list[Row] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+    def add(self, row: Row) -> Row:
+        row.hbm_floor_us = row.bytes_read / (self.hbm_read_GBps * 1e9) * 1e6
+        row.launch_floor_us = self.launch_floor_us
+        self.rows.append(row)
+        return row
+
+    def to_json(self, path: str) -> None:
+        with open(path, "w") as f:
+            json.dump(asdict(self), f, indent=1)
+
+
+def start_report() -> tuple[Report, float]:
+    t0 = time.time()
+    bw = hbm_read_bandwidth()
+    floor = graph_launch_floor()
+    report = Report(command=" ".join([sys.executable.rsplit("/", 1)[-1], *sys.argv]), device=device_name(),
+                    torch=torch.__version__, hbm_read_GBps=bw / 1e9, launch_floor_us=floor)
+    report.notes.append(f"host {platform.node()}; {CALLS} calls per graph, median of {REPS} replays; cold = "
+                        f"weights rotated over >= {L2_ROTATE_BYTES >> 20} MiB of copies")
+    return report, t0
+
+
+def plot(report: Report, path: str, groups: list[tuple[str, Callable[[Row], bool]]], impls: list[str]) -> None:
+    """Latency vs M per implementation (cold), one panel per group, floors dashed."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(groups), figsize=(5.2 * len(groups), 4.2), squeeze=False)
+    for ax, (title, pred) in zip(axes[0], groups):
+        rows = sorted((r for r in report.rows if pred(r) and r.cache == "cold"), key=lambda r: r.shape["m"])
+        if not rows:
+            continue
+        ms = [r.shape["m"] for r in rows]
+        for name in impls:
+            ys = [r.us.get(name) for r in rows]
+            if any(y is not None for y in ys):
+                ax.plot(ms, [float("nan") if y is None else y for y in ys], marker="o", ms=3, label=name)
+        ax.plot(ms, [r.hbm_floor_us for r in rows], "k--", lw=1, label="HBM floor")
+        ax.plot(ms, [r.launch_floor_us for r in rows], "k:", lw=1, label="graph launch floor")
+        ax.plot(ms, [r.hbm_floor_us + r.launch_floor_us for r in rows], "k-.", lw=0.8, label="HBM + launch")
+        ax.set_title(title, fontsize=9)
+        ax.set_xlabel("M (tokens)")
+        ax.set_ylabel("us per call (cold, CUDA graph)")
+        ax.set_ylim(bottom=0)
+        ax.grid(alpha=0.3)
+    axes[0][0].legend(fontsize=7)
+    fig.suptitle(f"{report.device}: HBM read {report.hbm_read_GBps / 1e3:.2f} TB/s, "
+                 f"graph launch floor {report.launch_floor_us:.2f} us", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def table(report: Report, impls: list[str], ms: tuple[int, ...] = (1, 2, 4, 8, 16), cache: str = "cold",
+          op: str | None = None) -> str:
+    """A short text table: one line per (op, shape, M), implementations as columns."""
+    rows = [r for r in report.rows if op is None or r.op == op]
+    cols = [i for i in impls if any(i in r.us for r in rows)]
+    head = f"{'case':<34}{'M':>3} " + "".join(f"{c[:12]:>13}" for c in cols) + f"{'HBM floor':>11}{'launch':>8}"
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        if r.cache != cache or r.shape["m"] not in ms:
+            continue
+        case = f"{r.op} " + " ".join(f"{k}={v}" for k, v in r.shape.items() if k != "m")
+        cells = "".join(f"{r.us[c]:>13.2f}" if c in r.us else f"{'-':>13}" for c in cols)
+        lines.append(f"{case[:34]:<34}{r.shape['m']:>3} {cells}{r.hbm_floor_us:>11.2f}{r.launch_floor_us:>8.2f}")
+    return "\n".join(lines)
