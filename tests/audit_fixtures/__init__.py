@@ -1,0 +1,200 @@
+"""Negative controls for `slim-kernel audit`/`size`, built at test time (never committed).
+
+- `host_lib`: a g++ shared library whose only traces are the ones asked for: an exported C++
+  entry point, a static (.symtab-only) function, a TORCH_LIBRARY schema string or a plain
+  binding-name string in .rodata, and/or raw fatbin bytes placed in `.nv_fatbin`.
+- `nvcc_fatbin`: a fatbin from CUDA source under a given `-compress-mode` (or `-no-compress`).
+- `make_wheel`: a wheel assembled with zipfile (dist-info included).
+- hostile archives: zip bombs, traversal, symlinks, overlapping members, lying sizes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+import struct
+import subprocess
+import zipfile
+from pathlib import Path
+
+NVCC = shutil.which("nvcc") or ("/usr/local/bin/nvcc" if Path("/usr/local/bin/nvcc").exists() else None)
+GXX = shutil.which("g++")
+
+SCHEMAS = {
+    "bmm_fp8": "bmm_fp8(Tensor A, Tensor B, Tensor! D, Tensor A_scale, Tensor B_scale, "
+    "Tensor workspace_buffer, int cublas_handle) -> ()",
+    "dsv3_router_gemm": "dsv3_router_gemm(Tensor! output, Tensor mat_a, Tensor mat_b) -> ()",
+    "dsv3_fused_a_gemm": "dsv3_fused_a_gemm(Tensor! output, Tensor mat_a, Tensor mat_b) -> ()",
+    "dsv4_router_gemm": "dsv4_router_gemm(Tensor! output, Tensor mat_a, Tensor mat_b) -> ()",
+}
+
+# Device code: kernels named like ops (extern "C" and mangled templates), and a TU marker
+# (an internal-linkage device variable makes nvcc emit _INTERNAL_<hash>_<n>_<file>_cu names).
+KERNELS_CU = r"""
+extern "C" __global__ void {op}_kernel(float* o, const float* a) {{ o[threadIdx.x] = a[threadIdx.x] * 2.f; }}
+template <int N> __global__ void {op}_tile(float* o) {{ o[threadIdx.x] = N; }}
+template __global__ void {op}_tile<4>(float*);
+"""
+NEUTRAL_CU = r"""
+namespace { __device__ int counter; }
+__global__ void gemm_kernel(int* p) { atomicAdd(&counter, *p); }
+"""
+
+
+def _run(cmd: list[str], cwd: Path) -> None:
+    proc = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed:\n{proc.stdout}\n{proc.stderr}")
+
+
+def _cxx_string(s: str) -> str:
+    return '"' + s.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def host_lib(
+    workdir: Path,
+    name: str,
+    *,
+    exported: list[str] = (),
+    static: list[str] = (),
+    schemas: list[str] = (),
+    strings: list[str] = (),
+    fatbin: bytes | None = None,
+    strip: bool = False,
+) -> Path:
+    """Build lib<name>.so with g++ carrying exactly the requested traces."""
+    lines = ["namespace at { struct Tensor { void* impl; }; }", "static volatile int sink;"]
+    for op in exported:  # exported C++ entry point with an aten-like signature
+        lines.append(
+            f"__attribute__((visibility(\"default\"))) void {op}(at::Tensor& out, const at::Tensor& a, "
+            "const at::Tensor& b) { sink = sink + 1; }"
+        )
+    for op in static:  # defined, not exported: visible in .symtab only (unless stripped)
+        lines.append(f"__attribute__((noinline, used)) static void {op}_impl() {{ sink = sink + 2; }}")
+    texts = [SCHEMAS[s] if s in SCHEMAS else s for s in schemas] + list(strings)
+    for i, text in enumerate(texts):
+        lines.append(f"__attribute__((used)) static const char text_{i}[] = {_cxx_string(text)};")
+    if texts:
+        lines.append("extern \"C\" __attribute__((visibility(\"default\"))) const char* registry(int i) {")
+        lines.append("  static const char* all[] = {" + ", ".join(f"text_{i}" for i in range(len(texts))) + "};")
+        lines.append(f"  return all[i % {len(texts)}];" + " }")
+    if fatbin is not None:
+        data = ", ".join(str(b) for b in fatbin)
+        lines.append(
+            "__attribute__((section(\".nv_fatbin\"), aligned(8), used)) "
+            f"static const unsigned char fatbin_blob[] = {{{data}}};"
+        )
+    lines.append("extern \"C\" __attribute__((visibility(\"default\"))) int plain_entry() { return sink; }")
+    workdir.mkdir(parents=True, exist_ok=True)
+    src = workdir / f"{name}.cpp"
+    src.write_text("\n".join(lines) + "\n")
+    out = workdir / f"lib{name}.so"
+    cmd = [GXX, "-shared", "-fPIC", "-O1", "-fvisibility=hidden", "-o", str(out), str(src)]
+    _run(cmd + (["-s"] if strip else []), workdir)
+    return out
+
+
+def nvcc_fatbin(workdir: Path, filename: str, source: str, *, mode: str | None = None,
+                arches: tuple[str, ...] = ("sm_90a",), code: str = "sass") -> bytes:
+    """Compile `source` (saved as `filename`, which names the TU) to a fatbin.
+
+    mode: a `-compress-mode` value (size/speed/balance/default/none) or "no-compress";
+    code: "sass" (cubins), "ptx" or "both"."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    src = workdir / filename
+    src.write_text(source)
+    key = hashlib.sha1(f"{filename}{source}{mode}{arches}{code}".encode()).hexdigest()[:10]
+    out = workdir / f"{key}.fatbin"
+    cmd = [NVCC, "-fatbin", "-o", str(out), str(src)]
+    for arch in arches:
+        num = arch.split("_", 1)[1]
+        targets = {"sass": arch, "ptx": f"compute_{num}", "both": f"[{arch},compute_{num}]"}[code]
+        cmd += ["-gencode", f"arch=compute_{num},code={targets}"]
+    if mode == "no-compress":
+        cmd.append("-no-compress")
+    elif mode:
+        cmd.append(f"-compress-mode={mode}")
+    _run(cmd, workdir)
+    return out.read_bytes()
+
+
+def kernels_source(op: str) -> str:
+    return KERNELS_CU.format(op=op)
+
+
+def make_wheel(path: Path, members: dict[str, bytes], *, dist: str = "demo", version: str = "0.1",
+               metadata_extra: str = "") -> Path:
+    """Assemble a wheel (deflated members plus dist-info) with zipfile."""
+    info = f"{dist}-{version}.dist-info"
+    files = dict(members)
+    files[f"{info}/METADATA"] = (
+        f"Metadata-Version: 2.1\nName: {dist}\nVersion: {version}\n\n{metadata_extra}\n"
+    ).encode()
+    files[f"{info}/WHEEL"] = b"Wheel-Version: 1.0\nGenerator: tests\nRoot-Is-Purelib: false\nTag: py3-none-any\n"
+    record = "".join(f"{name},,\n" for name in files) + f"{info}/RECORD,,\n"
+    files[f"{info}/RECORD"] = record.encode()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as zf:
+        for name, data in files.items():
+            zf.writestr(name, data)
+    return path
+
+
+# -- hostile archives ----------------------------------------------------------------------
+def zip_with_info(path: Path, infos: list[tuple[zipfile.ZipInfo, bytes]]) -> Path:
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as zf:
+        for info, data in infos:
+            zf.writestr(info, data)
+    return path
+
+
+def symlink_info(name: str) -> zipfile.ZipInfo:
+    info = zipfile.ZipInfo(name)
+    info.create_system = 3
+    info.external_attr = (0o120777 << 16)
+    return info
+
+
+def _central_entries(raw: bytes) -> list[int]:
+    eocd = raw.rfind(b"PK\x05\x06")
+    count, _, cd_off = struct.unpack_from("<HII", raw, eocd + 10)
+    offs, at = [], cd_off
+    for _ in range(count):
+        offs.append(at)
+        n, m, k = struct.unpack_from("<HHH", raw, at + 28)
+        at += 46 + n + m + k
+    return offs
+
+
+def overlapping_zip(path: Path) -> Path:
+    """Two members whose central entries point at the same local data."""
+    zip_with_info(path, [(zipfile.ZipInfo("a.py"), b"x = 1\n" * 10), (zipfile.ZipInfo("b.py"), b"x = 1\n" * 10)])
+    raw = bytearray(path.read_bytes())
+    first, second = _central_entries(bytes(raw))
+    struct.pack_into("<I", raw, second + 42, struct.unpack_from("<I", raw, first + 42)[0])
+    path.write_bytes(bytes(raw))
+    return path
+
+
+def lying_size_zip(path: Path, name: str, data: bytes, declared: int) -> Path:
+    """A member whose headers declare fewer unpacked bytes than its data expands to."""
+    zip_with_info(path, [(zipfile.ZipInfo(name), data)])
+    raw = bytearray(path.read_bytes())
+    struct.pack_into("<I", raw, 22, declared)  # local header uncompressed size
+    for off in _central_entries(bytes(raw)):
+        struct.pack_into("<I", raw, off + 24, declared)
+    path.write_bytes(bytes(raw))
+    return path
+
+
+def fatbin_header(fat_size: int) -> bytes:
+    return struct.pack("<IHHQ", 0xBA55ED50, 1, 16, fat_size)
+
+
+def fatbin_entry(kind: int, payload: bytes, *, header_size: int = 64, flags: int = 0x11, sm: int = 90,
+                 csize: int = 0, usize: int = 0, stored: int | None = None) -> bytes:
+    """One hand-made fatbin entry (for malformed-input tests and fuzz seeds)."""
+    stored = len(payload) if stored is None else stored
+    head = struct.pack("<HHIQIIHHIIIQQQ", kind, 0x101, header_size, stored, csize, 0, 8, 1, sm, 0, 0,
+                       flags, 0, usize)
+    return head + b"\x00" * (header_size - 64) + payload
