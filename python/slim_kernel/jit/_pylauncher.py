@@ -104,7 +104,11 @@ class Kernel:
         cu = _driver()
         self._cu = cu
         self.entry, self.signature, self.device = entry, signature, device
-        _check(cu, cu.cuInit(0), "cuInit")
+        try:
+            init = cu.cuInit(0)
+        except Exception as exc:  # noqa: BLE001 - cuda-python raises its own types when libcuda is missing
+            raise RuntimeError(f"slim_kernel: cannot initialize the CUDA driver: {type(exc).__name__}: {exc}") from exc
+        _check(cu, init, "cuInit")
         dev = _check(cu, cu.cuDeviceGet(device), "cuDeviceGet")
         self._ctx = _check(cu, cu.cuDevicePrimaryCtxRetain(dev), "cuDevicePrimaryCtxRetain")
         with _ContextScope(cu, self._ctx):

@@ -110,6 +110,9 @@ def get_kernel(instance: KernelInstance, device_index: int, *, launcher: str | N
             resolved = (instance, device_index, name)
             kernel = _KERNELS.get(resolved)
             if kernel is None:
+                why = driver_error(name)
+                if why is not None:
+                    raise RuntimeError(f"slim_kernel: cannot load JIT kernel {instance.entry}: {why}")
                 arch = arch_for_device(device_index)
                 entry = get_entry(instance, arch)
                 if name == "native":

@@ -1,0 +1,179 @@
+"""JIT launcher (CPU): argument packing, launcher selection, the native and the pure wheel builds.
+
+The build tests (marked slow, ~10-20 s each) build a wheel in a fresh build dir, install it into
+a private directory and check it in a subprocess: the native build imports with no GPU or driver,
+links neither libtorch nor libcuda, and packs arguments exactly like the fallback; the
+SLIM_KERNEL_NATIVE=OFF build has no binary and falls back to the cuda-python launcher.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import struct
+import subprocess
+import sys
+import textwrap
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from jit_fixtures import instances as fx
+from slim_kernel.jit import _pylauncher, runtime
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _has_driver() -> bool:
+    return _pylauncher.driver_error() is None
+
+
+def test_pack_args_layout():
+    blob = _pylauncher.pack_args("pilf", (0xDEADBEEF00, -3, 1 << 40, 1.5))
+    assert len(blob) == 32
+    assert struct.unpack("<Qiiqfi", blob) == (0xDEADBEEF00, -3, 0, 1 << 40, 1.5, 0)
+
+
+@pytest.mark.parametrize("signature,args,match", [
+    ("pi", (1.0, 2), "argument 0 .*'p'.* device pointer"),
+    ("pi", (1, 2**31), "argument 1 .*'i'"),
+    ("pl", (1, 2**63), "argument 1 .*'l'"),
+    ("pf", (1, "x"), "argument 1 .*'f'"),
+    ("pi", (1,), "takes 2 arguments"),
+    ("pi", [1, 2], "args must be a tuple"),
+])
+def test_pack_args_errors_name_the_argument(signature, args, match):
+    with pytest.raises(TypeError, match=match):
+        _pylauncher.pack_args(signature, args)
+
+
+def test_launcher_selection(monkeypatch):
+    monkeypatch.setenv(runtime.ENV_LAUNCHER, "python")
+    assert runtime.launcher_name() == "python"
+    monkeypatch.setenv(runtime.ENV_LAUNCHER, "cuda")
+    with pytest.raises(ValueError, match="SLIM_KERNEL_LAUNCHER must be one of"):
+        runtime.launcher_name()
+    monkeypatch.setattr(runtime, "_NATIVE", {"module": None, "why": "slim_kernel._native is not built (test)"})
+    monkeypatch.setenv(runtime.ENV_LAUNCHER, "native")
+    with pytest.raises(RuntimeError, match="native launcher was requested but slim_kernel._native is not built"):
+        runtime.launcher_name()
+    monkeypatch.delenv(runtime.ENV_LAUNCHER)
+    assert runtime.launcher_name() == "python"
+    assert runtime.launcher_name("python") == "python"
+
+
+@pytest.mark.skipif(_has_driver(), reason="a CUDA driver is present")
+def test_no_driver_is_a_clear_reason_not_a_crash(monkeypatch):
+    from slim_kernel import jit
+
+    reason = jit.available()
+    assert reason is not None and "libcuda" in reason
+    with pytest.raises(RuntimeError, match="libcuda"):
+        jit.get_kernel(fx.axpby(), 0, launcher="python")
+    info = jit.runtime_info()
+    assert {"compiler", "cache_dir", "launcher", "driver", "cached"} <= set(info)
+    assert info["compiler"].startswith(("nvrtc", "nvcc"))
+
+
+def test_runtime_info_counts_cached_instantiations(tmp_path, monkeypatch):
+    from slim_kernel import jit
+    from slim_kernel.jit import cache
+
+    monkeypatch.setenv(cache.ENV_CACHE_DIR, str(tmp_path))
+    cache.clear_memory()
+    assert jit.runtime_info()["cached"] == "none"
+    jit.compile_cubin(fx.axpby(), "9.0a")
+    jit.compile_cubin(fx.axpby(bias=1), "9.0a")
+    jit.compile_cubin(fx.axpby(), "10.0a")
+    assert jit.runtime_info()["cached"] == "sm_100a: 1, sm_90a: 2"
+    assert str(tmp_path) in jit.runtime_info()["cache_dir"]
+    cache.clear_memory()
+
+
+def test_import_is_cheap():
+    code = "import sys, slim_kernel.jit; print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'cuda'))))"
+    out = subprocess.run([sys.executable, "-c", "import json; " + code], capture_output=True, text=True,
+                         env=dict(os.environ, PYTHONPATH=str(REPO / "python")), check=True).stdout
+    assert json.loads(out) == []
+
+
+# ---- wheel builds -------------------------------------------------------------------------
+
+def _build_and_install(tmp_path: Path, native: str) -> tuple[Path, Path]:
+    """Build a wheel (fresh build dir) and install it into a private site dir; return both."""
+    wheel_dir, site = tmp_path / "wheel", tmp_path / "site"
+    cmd = [sys.executable, "-m", "pip", "wheel", "--no-build-isolation", "--no-deps", "--no-index",
+           "-w", str(wheel_dir), f"--config-settings=build-dir={tmp_path / 'build'}", str(REPO)]
+    env = dict(os.environ, SLIM_KERNEL_NATIVE=native)  # the env form also retags an OFF wheel as pure
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    (wheel,) = wheel_dir.glob("slim_kernel-*.whl")
+    proc = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "--no-index", "--target", str(site),
+                           str(wheel)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return wheel, site
+
+
+_PROBE = textwrap.dedent("""
+    import json, struct, sys
+    import slim_kernel, slim_kernel.jit as jit
+    from slim_kernel.jit import _pylauncher, runtime
+    assert slim_kernel.__file__.startswith(sys.argv[1]), slim_kernel.__file__
+    out = {"launcher": runtime.launcher_name(), "available": jit.available(), "info": jit.runtime_info()}
+    native, why = runtime.native_module()
+    out["native_file"] = getattr(native, "__file__", None)
+    if native is not None:
+        out["driver_error"] = native.driver_error()
+        args = (0xDEADBEEF00, -7, -(1 << 40), 0.25, 12)
+        out["same_packing"] = native.pack_args("pilfi", args) == _pylauncher.pack_args("pilfi", args)
+        try:
+            native.pack_args("pi", (1.5, 2))
+        except TypeError as exc:
+            out["type_error"] = str(exc)
+    print(json.dumps(out))
+""")
+
+
+def _probe(site: Path) -> dict:
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "SLIM_KERNEL_LAUNCHER")}
+    env["PYTHONPATH"] = str(site)
+    proc = subprocess.run([sys.executable, "-c", _PROBE, str(site)], capture_output=True, text=True, env=env,
+                          cwd=site, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.slow
+def test_native_build_imports_without_gpu_and_links_no_torch(tmp_path):
+    wheel, site = _build_and_install(tmp_path, "ON")
+    names = zipfile.ZipFile(wheel).namelist()
+    natives = [n for n in names if n.startswith("slim_kernel/_native") and n.endswith(".so")]
+    assert len(natives) == 1, names
+    assert any(n.startswith("slim_kernel/jit/kernels/") and n.endswith(".cuh") for n in names) or not list(
+        (REPO / "python/slim_kernel/jit/kernels").glob("*.cuh")), "kernel sources missing from the wheel"
+    so = site / natives[0]
+    if shutil.which("ldd"):
+        ldd = subprocess.run(["ldd", str(so)], capture_output=True, text=True).stdout
+        for lib in ("torch", "c10", "libcuda", "libcudart", "libpython"):
+            assert lib not in ldd, ldd
+    report = _probe(site)
+    assert report["launcher"] == "native" and report["native_file"].startswith(str(site))
+    assert report["same_packing"] is True
+    assert "argument 0" in report["type_error"]
+    assert report["info"]["launcher"] == "native"
+    if not _has_driver():
+        assert "libcuda.so.1" in report["driver_error"]
+        assert "libcuda" in report["available"]
+
+
+@pytest.mark.slow
+def test_native_off_build_is_pure_and_falls_back(tmp_path):
+    wheel, site = _build_and_install(tmp_path, "OFF")
+    assert wheel.name.endswith("-py3-none-any.whl"), wheel.name
+    names = zipfile.ZipFile(wheel).namelist()
+    assert not [n for n in names if n.endswith((".so", ".pyd", ".dylib"))], names
+    report = _probe(site)
+    assert report["launcher"] == "python" and report["native_file"] is None
+    assert report["info"]["launcher"].startswith("python (cuda-python fallback")
