@@ -192,9 +192,64 @@ def fatbin_header(fat_size: int) -> bytes:
 
 
 def fatbin_entry(kind: int, payload: bytes, *, header_size: int = 64, flags: int = 0x11, sm: int = 90,
-                 csize: int = 0, usize: int = 0, stored: int | None = None) -> bytes:
-    """One hand-made fatbin entry (for malformed-input tests and fuzz seeds)."""
+                 csize: int = 0, usize: int = 0, stored: int | None = None, pad: bool = True) -> bytes:
+    """One hand-made fatbin entry (for malformed-input tests and fuzz seeds); `pad=False`
+    leaves out the header extension (for a header size that lies)."""
     stored = len(payload) if stored is None else stored
     head = struct.pack("<HHIQIIHHIIIQQQ", kind, 0x101, header_size, stored, csize, 0, 8, 1, sm, 0, 0,
                        flags, 0, usize)
-    return head + b"\x00" * (header_size - 64) + payload
+    return head + (b"\x00" * (header_size - 64) if pad else b"") + payload
+
+
+def tiny_elf(kernels: list[str], *, machine: int = 190, extra_symbols: list[str] = (), flags: int = 0x5A04) -> bytes:
+    """A small, valid ELF64 (a cubin when machine=190) with one `.text.<name>` section and one
+    FUNC symbol per kernel, plus OBJECT symbols: built without nvcc, for fuzz seeds and size tests."""
+    shstr = bytearray(b"\0")
+    strtab = bytearray(b"\0")
+
+    def add(table: bytearray, s: str) -> int:
+        off = len(table)
+        table.extend(s.encode() + b"\0")
+        return off
+
+    sections = [(0, 0, b"", 0, 0, 0)]  # (name_off, type, data, link, info, entsize)
+    texts = []
+    for k in kernels:
+        texts.append((add(shstr, f".text.{k}"), k))
+    names = [add(shstr, n) for n in (".shstrtab", ".strtab", ".symtab")]
+    syms = [struct.pack("<IBBHQQ", 0, 0, 0, 0, 0, 0)]
+    for i, (_, k) in enumerate(texts):
+        syms.append(struct.pack("<IBBHQQ", add(strtab, k), (1 << 4) | 2, 0, 4 + i, 0, 128))
+    for s in extra_symbols:
+        syms.append(struct.pack("<IBBHQQ", add(strtab, s), (1 << 4) | 1, 0, 1, 0, 4))
+    sections.append((names[0], 3, bytes(shstr), 0, 0, 0))
+    sections.append((names[1], 3, bytes(strtab), 0, 0, 0))
+    sections.append((names[2], 2, b"".join(syms), 2, 1, 24))
+    for name_off, _ in texts:
+        sections.append((name_off, 1, b"\x00" * 128, 0, 0, 0))
+    body = bytearray(b"\0" * 64)
+    offsets = []
+    for _, _, data, _, _, _ in sections:
+        while len(body) % 8:
+            body.append(0)
+        offsets.append(len(body))
+        body.extend(data)
+    while len(body) % 8:
+        body.append(0)
+    shoff = len(body)
+    for (name, typ, data, link, info, ent), off in zip(sections, offsets):
+        body.extend(struct.pack("<IIQQQQIIQQ", name, typ, 0, 0, off if typ else 0, len(data), link, info, 8, ent))
+    ident = b"\x7fELF\x02\x01\x01\x41\x08" + b"\0" * 7
+    header = ident + struct.pack("<HHIQQQIHHHHHH", 1, machine, 1, 0, 0, shoff, flags, 64, 0, 0, 64,
+                                 len(sections), 1)
+    body[:64] = header
+    return bytes(body)
+
+
+def fatbin_of(cubins: list[tuple[bytes, int, int]]) -> bytes:
+    """A plain fatbin container from (cubin, sm, flags) triples."""
+    entries = b""
+    for cubin, sm, flags in cubins:
+        padded = cubin + b"\0" * (-len(cubin) % 8)
+        entries += fatbin_entry(2, padded, sm=sm, flags=flags)
+    return fatbin_header(len(entries)) + entries

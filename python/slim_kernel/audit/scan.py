@@ -134,7 +134,7 @@ class _Collector:
         for layer, raw, size, arch, ops, what in self._raw:
             text = names.get(raw, raw)
             counted = not ops
-            for op in ops or self.ctx.rules.match(text):
+            for op in dict.fromkeys([*ops, *self.ctx.rules.match(text)]):
                 evidence = f"{what} {text}" if what else text
                 if text != raw:
                     evidence += f" [{raw}]"

@@ -119,7 +119,7 @@ class WheelArchive:
     @staticmethod
     def _check_overlap(infos: list[zipfile.ZipInfo]) -> None:
         """Refuse members whose compressed data overlap (the 'overlapping files' zip bomb)."""
-        spans = sorted((i.header_offset, i) for i in infos if not i.is_dir())
+        spans = sorted(((i.header_offset, i) for i in infos if not i.is_dir()), key=lambda t: t[0])
         for (start, info), (next_start, nxt) in zip(spans, spans[1:]):
             end = start + _ZIP_LOCAL_HEADER + len(info.filename.encode()) + info.compress_size
             if end > next_start:

@@ -1,0 +1,105 @@
+"""Fuzz the ELF, cubin, fatbin and whole-member readers: on any bytes they either succeed or
+raise `AuditInputError` (exit 2), within a deadline. The default run is a few seconds; the
+`slow` variant runs many more examples."""
+
+from __future__ import annotations
+
+import io
+import os
+import sys
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from audit_fixtures import fatbin_entry, fatbin_header, fatbin_of, tiny_elf
+from slim_kernel.audit.device import summarize_cubin
+from slim_kernel.audit.elf import ElfFile
+from slim_kernel.audit.limits import AuditInputError, Limits
+from slim_kernel.audit.rules import Rules
+from slim_kernel.audit.scan import ScanContext, scan_member
+
+LIMITS = Limits(max_entry_unpacked=8 << 20, retained_in_memory=1 << 20)
+CTX = ScanContext(Rules(), LIMITS)
+CUBIN = tiny_elf(["dsv3_router_gemm_kernel", "_Z7bmm_fp8v"],
+                 extra_symbols=["_ZN34_INTERNAL_5e4f58f6_10_bmm_fp8_cu_6ca8d4177counterE"])
+FATBIN = fatbin_of([(CUBIN, 90, 0x100011), (CUBIN, 100, 0x1100011)])
+HOST = Path(os.path.realpath(sys.executable)).read_bytes()[:256 << 10]
+HOST_WITH_FATBIN = HOST[:8192] + FATBIN + HOST[8192 + len(FATBIN):]
+LZ4_ENTRY = fatbin_header(64 + 24) + fatbin_entry(2, b"\x80\x7fELF\x02\x01\x01\x41" + b"\0" * 16,
+                                                  flags=0x2011, csize=24, usize=64)
+
+
+def mutated(seed: bytes):
+    """Seed bytes with a few byte-range overwrites (keeps most structure, breaks some)."""
+    patch = st.tuples(st.integers(0, max(len(seed) - 1, 0)), st.binary(min_size=1, max_size=16))
+    return st.lists(patch, max_size=6).map(lambda ps: _apply(seed, ps))
+
+
+def _apply(seed: bytes, patches) -> bytes:
+    out = bytearray(seed)
+    for off, data in patches:
+        out[off : off + len(data)] = data
+    return bytes(out)
+
+
+def inputs(*seeds: bytes):
+    return st.one_of(st.binary(max_size=512), *[mutated(s) for s in seeds],
+                     st.builds(lambda s, n: s[:n], st.sampled_from(seeds), st.integers(0, 4096)))
+
+
+def _must_be_clean_error(fn, data: bytes) -> None:
+    try:
+        fn(data)
+    except AuditInputError:
+        pass
+
+
+def _scan(name: str):
+    return lambda data: scan_member(io.BytesIO(data), name, len(data), len(data), CTX)
+
+
+FAST = settings(max_examples=150, deadline=2000, suppress_health_check=[HealthCheck.too_slow])
+SLOW = settings(max_examples=3000, deadline=5000, suppress_health_check=[HealthCheck.too_slow])
+
+
+@FAST
+@given(inputs(CUBIN))
+def test_fuzz_elf_and_cubin(data):
+    _must_be_clean_error(lambda d: ElfFile(d, LIMITS), data)
+    _must_be_clean_error(lambda d: summarize_cubin(d, Rules(), LIMITS, "fuzz"), data)
+
+
+@FAST
+@given(inputs(FATBIN, LZ4_ENTRY))
+def test_fuzz_fatbin_member(data):
+    _must_be_clean_error(_scan("pkg/k.fatbin"), data)
+
+
+@FAST
+@given(inputs(HOST_WITH_FATBIN))
+def test_fuzz_host_elf_member(data):
+    _must_be_clean_error(_scan("pkg/_ops.so"), data)
+
+
+@SLOW
+@given(inputs(CUBIN, FATBIN, LZ4_ENTRY, HOST_WITH_FATBIN))
+def _fuzz_all_readers_long(data):
+    for name in ("pkg/k.cubin", "pkg/k.fatbin", "pkg/_ops.so", "pkg/lib.a", "pkg/k.ptx"):
+        _must_be_clean_error(_scan(name), data)
+
+
+@pytest.mark.slow
+def test_fuzz_all_readers_long(request):
+    if "slow" not in (request.config.getoption("markexpr") or ""):
+        pytest.skip("long fuzz run: select with -m slow")
+    _fuzz_all_readers_long()
+
+
+def test_seeds_are_meaningful():
+    """The fuzz seeds parse and carry the retired names (so mutations start from real structure)."""
+    scan = _scan("pkg/_ops.so")(HOST_WITH_FATBIN)
+    assert scan.stats["cubins"] == 2
+    assert {h.op for h in scan.hits} == {"bmm_fp8", "dsv3_router_gemm"}
+    assert {b.arch for b in scan.blobs} == {"sm_90a", "sm_100a"}

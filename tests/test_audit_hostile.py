@@ -1,0 +1,141 @@
+"""Hostile and broken input: every case exits 2 with a clear message, quickly, writing nothing."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from audit_fixtures import (
+    fatbin_entry,
+    fatbin_header,
+    lying_size_zip,
+    make_wheel,
+    overlapping_zip,
+    symlink_info,
+    zip_with_info,
+)
+from slim_kernel.audit.limits import HostileArchiveError, Limits
+from slim_kernel.audit.wheel import WheelArchive
+from slim_kernel.cli import main
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def refused(capsys, wheel, *needles: str) -> dict:
+    start = time.perf_counter()
+    rc = main(["audit", "--json", "--no-progress", str(wheel)])
+    out = json.loads(capsys.readouterr().out)
+    assert rc == 2, out
+    assert time.perf_counter() - start < 10
+    for needle in needles:
+        assert needle in out["error"], out["error"]
+    return out
+
+
+def test_zip_bomb_ratio(tmp_path, capsys):
+    bomb = tmp_path / "bomb.whl"
+    with zipfile.ZipFile(bomb, "w", zipfile.ZIP_DEFLATED) as zf:
+        zf.writestr("pkg/zeros.bin", b"\0" * (64 << 20))
+    refused(capsys, bomb, "pkg/zeros.bin", "zip bomb")
+
+
+def test_zip_bomb_absolute_limits(tmp_path):
+    wheel = make_wheel(tmp_path / "big.whl", {"pkg/a.bin": os.urandom(3 << 20), "pkg/b.bin": os.urandom(3 << 20)})
+    with pytest.raises(HostileArchiveError, match="pkg/.\\.bin.*over the limit"):
+        WheelArchive(wheel, Limits(max_member_unpacked=2 << 20))
+    with pytest.raises(HostileArchiveError, match="unpacks to more than"):
+        WheelArchive(wheel, Limits(max_total_unpacked=5 << 20))
+
+
+def test_data_expanding_past_declared_size(tmp_path, capsys):
+    """zipfile stops at the declared size; the CRC then fails: no unbounded read."""
+    wheel = lying_size_zip(tmp_path / "lie.whl", "pkg/a.py", b"x = 1\n" * 100_000, declared=1000)
+    refused(capsys, wheel, "pkg/a.py", "corrupt")
+
+
+@pytest.mark.parametrize("name", ["../evil.py", "pkg/../../evil.py", "/etc/evil.py", "C:/evil.py"])
+def test_path_traversal_and_absolute_names(tmp_path, capsys, name):
+    wheel = zip_with_info(tmp_path / "trav.whl", [(zipfile.ZipInfo(name), b"x = 1\n")])
+    refused(capsys, wheel, name)
+
+
+def test_symlink_member(tmp_path, capsys):
+    wheel = zip_with_info(tmp_path / "link.whl", [(zipfile.ZipInfo("pkg/a.py"), b"x\n"),
+                                                 (symlink_info("pkg/link.so"), b"/etc/passwd")])
+    refused(capsys, wheel, "symlink", "pkg/link.so")
+
+
+def test_overlapping_members(tmp_path, capsys):
+    refused(capsys, overlapping_zip(tmp_path / "overlap.whl"), "overlap")
+
+
+def test_duplicate_names(tmp_path, capsys):
+    wheel = tmp_path / "dup.whl"
+    with pytest.warns(UserWarning):
+        zip_with_info(wheel, [(zipfile.ZipInfo("pkg/a.py"), b"1"), (zipfile.ZipInfo("pkg/a.py"), b"2")])
+    refused(capsys, wheel, "duplicate")
+
+
+def test_not_a_zip_empty_and_missing(tmp_path, capsys):
+    text = tmp_path / "text.whl"
+    text.write_text("definitely not a zip\n")
+    refused(capsys, text, "not a zip")
+    empty = tmp_path / "empty.whl"
+    zipfile.ZipFile(empty, "w").close()
+    refused(capsys, empty, "empty wheel")
+    refused(capsys, tmp_path / "missing.whl", "not found")
+    refused(capsys, tmp_path, "directory")
+
+
+def test_truncated_elf(tmp_path, capsys):
+    elf = Path(os.path.realpath(sys.executable)).read_bytes()
+    wheel = make_wheel(tmp_path / "trunc.whl", {"pkg/_ops.so": elf[: len(elf) // 2]})
+    refused(capsys, wheel, "pkg/_ops.so", "truncated")
+
+
+@pytest.mark.parametrize(
+    "blob, needle",
+    [
+        (fatbin_header(1 << 62), "declares"),
+        (fatbin_header(80) + fatbin_entry(2, b"\0" * 16, header_size=1 << 30, pad=False), "absurd header size"),
+        (fatbin_header(64 + 16) + fatbin_entry(2, b"\0" * 16, stored=1 << 40), "payload"),
+        (fatbin_header(64 + 16) + fatbin_entry(2, b"\0" * 16, flags=0x2011, csize=16, usize=1 << 40),
+         "decompression bomb"),
+        (fatbin_header(64 + 16) + fatbin_entry(2, b"\xff" * 16, flags=0x8011, csize=16, usize=64), "zstd"),
+        (fatbin_header(64 + 16) + fatbin_entry(2, b"\xff" * 16, flags=0x2011, csize=16, usize=64), "LZ4"),
+        (fatbin_header(64 + 64) + fatbin_entry(2, b"NOTANELF" * 8), "not an ELF"),
+    ],
+)
+def test_hostile_fatbin_headers(tmp_path, capsys, blob, needle):
+    wheel = make_wheel(tmp_path / "fb.whl", {"pkg/k.fatbin": blob})
+    refused(capsys, wheel, "pkg/k.fatbin", needle)
+    # the same bytes embedded in a host library are refused just the same
+    host = bytearray(Path(os.path.realpath(sys.executable)).read_bytes())
+    host[64 + 4096 : 64 + 4096 + len(blob)] = blob
+    refused(capsys, make_wheel(tmp_path / "host.whl", {"pkg/_ops.so": bytes(host)}), needle)
+
+
+def test_bad_retired_argument(capsys):
+    assert main(["audit", "--retired", "bad op!", "x.whl"]) == 2
+    assert "--retired" in capsys.readouterr().err
+
+
+def test_nothing_written_outside_private_tempdir(tmp_path):
+    """The audit of a wheel never writes into the working directory or next to the wheel."""
+    wheel = make_wheel(tmp_path / "w" / "ok.whl", {"pkg/a.py": b"x = 1\n"})
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    env = dict(os.environ, PYTHONPATH=str(REPO / "python"), TMPDIR=str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    proc = subprocess.run([sys.executable, "-m", "slim_kernel", "audit", str(wheel)], cwd=cwd, env=env,
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert list(cwd.iterdir()) == [] and list((tmp_path / "tmp").iterdir()) == []
+    assert sorted(p.name for p in (tmp_path / "w").iterdir()) == ["ok.whl"]
