@@ -23,6 +23,7 @@ import importlib.util
 import os
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -38,11 +39,14 @@ FUSED_N = 2112
 OPS = {"router": jb.ROUTER, "fused_a": jb.FUSED_A}
 # Designs compared in one GPU run (cold); the defaults are in jb.DEFAULT_RULES.
 BUILTIN_VARIANTS = [
+    "r_push@router@rt=1,stages=8,warps=4,split=0,push=1",
     "r_w8@router@rt=1,stages=4,warps=8,split=0",
     "r_s4@router@rt=1,stages=8,warps=4,split=4",
     "r_rt2@router@rt=2,stages=8,warps=4,split=8",
     "r_w2@router@rt=1,stages=8,warps=2,split=8",
     "r_s16@router@rt=1,stages=8,warps=2,split=16",
+    "r_s16p@router@rt=1,stages=8,warps=2,split=16,push=1",
+    "fa_push@fused_a@rt=4,stages=4,warps=4,split=0,push=1",
     "fa_w8@fused_a@rt=4,stages=3,warps=8,split=0",
     "fa_rt1@fused_a@rt=1,stages=8,warps=8,split=1",
     "fa_rt2@fused_a@rt=2,stages=6,warps=4,split=0",
@@ -103,40 +107,73 @@ def fused_a_impls(fib, x, out):
     return impls
 
 
-def measure(make, weights, *, pdl=False, rules=None, op=None) -> float | None:
+def measure(report, make, weights, *, pdl=False, rules=None, op=None) -> float | None:
     saved = jb._RULES[op] if op else None
     try:
         jb.set_pdl(pdl)
         if rules is not None:
             jb.set_config(op, rules)
         return H.time_graph([make(w) for w in weights])
+    except RuntimeError as exc:  # e.g. a cluster shape the device cannot schedule: record, go on
+        report.notes.append(f"measurement failed ({op} {rules}): {exc}")
+        return None
     finally:
         jb.set_pdl(False)
         if rules is not None:
             jb.set_config(op, saved)
 
 
-def run_case(report, op, shape, weight, make_impls, ms, variants, gen, out_dtype):
-    n, k = weight.shape
-    copies = {"cold": H.rotating(weight, H.copies_for(weight.numel() * 2, True)), "hot": [weight]}
+@dataclass
+class Case:
+    op: str
+    shape: dict
+    weight: torch.Tensor
+    out_dtype: torch.dtype
+    make_impls: object  # (x, out) -> {name: weight -> call}
+    copies: dict = field(default_factory=dict)
+    rows: dict = field(default_factory=dict)  # (m, cache) -> Row
+
+    def __post_init__(self):
+        self.copies = {"cold": H.rotating(self.weight, H.copies_for(self.weight.numel() * 2, True)),
+                       "hot": [self.weight]}
+
+
+def _fmt(row) -> str:
+    return ", ".join(f"{a}={b:.2f}" if b is not None else f"{a}=failed" for a, b in row.us.items())
+
+
+def run_main(report, case, ms, gen):
+    """Anchors and the default JIT kernel, cold and hot, for every M."""
+    n, k = case.weight.shape
     for m in ms:
         x = torch.randn(m, k, generator=gen, device="cuda").to(torch.bfloat16)
-        out = torch.empty(m, n, device="cuda", dtype=out_dtype)
-        impls = make_impls(x, out)
-        for cache, ws in copies.items():
-            row = H.Row(op=op, shape={**shape, "m": m}, cache=cache,
+        out = torch.empty(m, n, device="cuda", dtype=case.out_dtype)
+        impls = case.make_impls(x, out)
+        for cache, ws in case.copies.items():
+            row = H.Row(op=case.op, shape={**case.shape, "m": m}, cache=cache,
                         bytes_read=n * k * 2 + m * k * 2 + m * n * out.element_size())
             for name, make in impls.items():
-                row.us[name] = measure(make, ws)
-            row.us["jit_pdl"] = measure(impls["jit"], ws, pdl=True)
-            if cache == "cold":
-                for label, vop, rules in variants:
-                    if vop == op:
-                        row.us[f"jit[{label}]"] = measure(impls["jit"], ws, rules=rules, op=op)
-            report.add(row)
-        print(f"  {op} {shape} M={m}: " + ", ".join(f"{a}={b:.2f}" for a, b in report.rows[-2].us.items()),
-              flush=True)
-    del copies
+                row.us[name] = measure(report, make, ws)
+            row.us["jit_pdl"] = measure(report, impls["jit"], ws, pdl=True)
+            case.rows[(m, cache)] = report.add(row)
+        print(f"  {case.op} {case.shape} M={m} cold: {_fmt(case.rows[(m, 'cold')])}", flush=True)
+
+
+def run_variants(report, case, ms, gen, variants):
+    """JIT tile-config variants (cold), added to the rows run_main made."""
+    n, k = case.weight.shape
+    mine = [v for v in variants if v[1] == case.op]
+    if not mine:
+        return
+    for m in ms:
+        x = torch.randn(m, k, generator=gen, device="cuda").to(torch.bfloat16)
+        out = torch.empty(m, n, device="cuda", dtype=case.out_dtype)
+        make = case.make_impls(x, out)["jit"]
+        row = case.rows[(m, "cold")]
+        for label, op, rules in mine:
+            row.us[f"jit[{label}]"] = measure(report, make, case.copies["cold"], rules=rules, op=op)
+        print(f"  {case.op} {case.shape} M={m} variants: "
+              + ", ".join(f"{lb}={row.us[f'jit[{lb}]'] or float('nan'):.2f}" for lb, _, _ in mine), flush=True)
 
 
 def check_targets(report) -> list[str]:
@@ -146,6 +183,9 @@ def check_targets(report) -> list[str]:
             continue
         j, fi = r.us["jit"], r.us.get("flashinfer")
         tag = f"{r.op} {r.shape}"
+        if j is None:
+            lines.append(f"MISS {tag}: the jit measurement failed")
+            continue
         if r.op == jb.ROUTER:
             if fi is not None and j > fi:
                 lines.append(f"MISS {tag}: jit {j:.2f} us > flashinfer {fi:.2f} us")
@@ -192,16 +232,26 @@ def main(argv=None) -> int:
     report.notes.append(f"JIT default rules: {jb._RULES}; backend PDL default {'on' if pdl_default else 'off'}")
     fib = load_flashinfer(report)
     gen = torch.Generator(device="cuda").manual_seed(0)
+    cases = []
     if "router" in ops:
-        cases = [(256, torch.float32), (384, torch.float32)] + ([] if args.quick else [(256, torch.bfloat16)])
-        for e, dt in cases:
+        for e, dt in [(256, torch.float32), (384, torch.float32)] + ([] if args.quick else [(256, torch.bfloat16)]):
             w = torch.randn(e, K, generator=gen, device="cuda").to(torch.bfloat16)
-            run_case(report, jb.ROUTER, {"e": e, "k": K, "out": str(dt).replace("torch.", "")}, w,
-                     lambda x, out, e=e, dt=dt: router_impls(fib, e, dt, x, out), ms, variants, gen, dt)
+            cases.append(Case(jb.ROUTER, {"e": e, "k": K, "out": str(dt).replace("torch.", "")}, w, dt,
+                              lambda x, out, e=e, dt=dt: router_impls(fib, e, dt, x, out)))
     if "fused_a" in ops:
         w = torch.randn(FUSED_N, K, generator=gen, device="cuda").to(torch.bfloat16)
-        run_case(report, jb.FUSED_A, {"n": FUSED_N, "k": K}, w, lambda x, out: fused_a_impls(fib, x, out),
-                 ms, variants, gen, torch.bfloat16)
+        cases.append(Case(jb.FUSED_A, {"n": FUSED_N, "k": K}, w, torch.bfloat16,
+                          lambda x, out: fused_a_impls(fib, x, out)))
+    # Phases, JSON written after each: anchors + defaults, then variants, push variants last (a
+    # device fault in an experimental variant then loses nothing measured before it).
+    for case in cases:
+        run_main(report, case, ms, gen)
+    report.to_json(args.json)
+    pushes = [v for v in variants if any(cfg.push for _, cfg in v[2])]
+    for phase in ([v for v in variants if v not in pushes], pushes):
+        for case in cases:
+            run_variants(report, case, ms, gen, phase)
+        report.to_json(args.json)
     jb.set_pdl(pdl_default)
     resource_notes(report)
     report.notes += check_targets(report)

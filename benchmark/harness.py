@@ -181,6 +181,6 @@ def table(report: Report, impls: list[str], ms: tuple[int, ...] = (1, 2, 4, 8, 1
         if r.cache != cache or r.shape["m"] not in ms:
             continue
         case = f"{r.op} " + " ".join(f"{k}={v}" for k, v in r.shape.items() if k != "m")
-        cells = "".join(f"{r.us[c]:>13.2f}" if c in r.us else f"{'-':>13}" for c in cols)
+        cells = "".join(f"{r.us[c]:>13.2f}" if r.us.get(c) is not None else f"{'-':>13}" for c in cols)
         lines.append(f"{case[:34]:<34}{r.shape['m']:>3} {cells}{r.hbm_floor_us:>11.2f}{r.launch_floor_us:>8.2f}")
     return "\n".join(lines)

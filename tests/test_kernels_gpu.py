@@ -202,6 +202,10 @@ CONFIGS = [
     "rt=4,stages=4,warps=4,split=4",
     "rt=4,stages=3,warps=8,split=0",
     "rt=3,stages=6,warps=5,split=7",
+    "rt=1,stages=8,warps=4,split=8,push=1",
+    "rt=4,stages=4,warps=4,split=4,push=1",
+    "rt=2,stages=4,warps=3,split=5,push=1",
+    "rt=1,stages=8,warps=2,split=16,push=1",
     "8:rt=1,stages=4,warps=8,split=1;16:rt=4,stages=4,warps=4,split=4",
 ]
 
@@ -278,7 +282,7 @@ def test_launch_plans_fit_the_device_limits():
     for rules in jb.DEFAULT_RULES.values():
         for _, cfg in rules:
             for nt in (1, 2):
-                assert jb.smem_bytes(cfg, nt) <= jb.MAX_SMEM
+                assert jb.smem_bytes(cfg, nt, 8) <= jb.MAX_SMEM
             for n in (256, 384, 2112, 2624, 7):
                 grid, block, cluster = jb.launch_geometry(cfg, n, 7168, 132)
                 assert block[0] % 32 == 0 and block[0] <= 1024

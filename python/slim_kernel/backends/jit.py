@@ -40,12 +40,13 @@ class GemmConfig:
     stages: int = 4  # per-warp cp.async ring depth in 32-k blocks (compile-time)
     warps: int = 4  # warps per CTA (launch-time)
     split: int = 0  # CTAs per cluster splitting K; 0 = as many as fill the SMs (launch-time)
+    push: int = 0  # cluster reduction: 0 pull (barrier + DSMEM loads), 1 push (st.async + mbarrier)
 
     def __post_init__(self):
         if not (1 <= self.rt <= 8 and 2 <= self.stages <= 16 and 1 <= self.warps <= 8
-                and 0 <= self.split <= MAX_SPLIT):
+                and 0 <= self.split <= MAX_SPLIT and self.push in (0, 1)):
             raise ValueError(f"bad JIT GEMM config {self}: need rt 1..8, stages 2..16, warps 1..8, "
-                             f"split 0..{MAX_SPLIT}")
+                             f"split 0..{MAX_SPLIT}, push 0|1")
 
 
 # Defaults (first measured guesses; see benchmark/results/h200/ for the numbers behind them).
@@ -110,7 +111,7 @@ def instance(op: str, m: int, out_dtype: torch.dtype, cfg: GemmConfig):
     from ..jit.spec import KernelInstance
 
     source, entry = _SOURCES[op]
-    defines = {"SK_NT": 1 if m <= 8 else 2, "SK_RT": cfg.rt, "SK_STAGES": cfg.stages}
+    defines = {"SK_NT": 1 if m <= 8 else 2, "SK_RT": cfg.rt, "SK_STAGES": cfg.stages, "SK_PUSH": cfg.push}
     if op == ROUTER:
         defines["SK_OUT_BF16"] = int(out_dtype == torch.bfloat16)
     return KernelInstance.make(source, entry, SIGNATURE, **defines)
@@ -131,11 +132,12 @@ def all_instances() -> list:
     return seen
 
 
-def smem_bytes(cfg: GemmConfig, nt: int) -> int:
-    """Mirror of skinny_ring_bytes/skinny_reduce_bytes in kernels/common.cuh."""
+def smem_bytes(cfg: GemmConfig, nt: int, split: int = 1) -> int:
+    """Mirror of skinny_main_bytes (+ the PUSH receive area) in kernels/common.cuh."""
     ring = cfg.stages * cfg.warps * (2 * cfg.rt + nt) * 512
     reduce = (cfg.warps + 1) * cfg.rt * nt * 128 * 4
-    return max(ring, reduce)
+    extra = 16 + split * -(-(nt * 8 * cfg.rt * 16) // split) * 4 if cfg.push and split > 1 else 0
+    return max(ring, reduce) + extra
 
 
 @dataclass(frozen=True)
@@ -178,11 +180,10 @@ def _make_plan(op, m, n, k, out_dtype, device_index) -> _Plan:
     from ..jit import get_kernel
 
     cfg = config_for(op, m)
-    nt = 1 if m <= 8 else 2
-    smem = smem_bytes(cfg, nt)
+    grid, block, cluster = launch_geometry(cfg, n, k, _sm_count(device_index))
+    smem = smem_bytes(cfg, 1 if m <= 8 else 2, grid[1])
     if smem > MAX_SMEM:
         raise ValueError(f"{op}: JIT config {cfg} needs {smem} bytes of shared memory (max {MAX_SMEM})")
-    grid, block, cluster = launch_geometry(cfg, n, k, _sm_count(device_index))
     kernel = get_kernel(instance(op, m, out_dtype, cfg), device_index)
     return _Plan(kernel.launch, grid, block, smem, cluster)
 

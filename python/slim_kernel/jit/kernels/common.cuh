@@ -81,12 +81,51 @@ __device__ __forceinline__ void cluster_sync() {
 __device__ __forceinline__ void cluster_sync_relaxed() {
     asm volatile("barrier.cluster.arrive.relaxed.aligned;\nbarrier.cluster.wait.aligned;\n" ::: "memory");
 }
-// Read a float at the same shared-memory offset in the CTA of cluster rank `rank`.
-__device__ __forceinline__ float ld_dsmem_f32(unsigned local_addr, unsigned rank) {
-    unsigned remote;
+// Read a float from a shared::cluster address (from mapa).
+__device__ __forceinline__ float ld_dsmem_f32(unsigned cluster_addr) {
     float v;
+    asm volatile("ld.shared::cluster.f32 %0, [%1];\n" : "=f"(v) : "r"(cluster_addr) : "memory");
+    return v;
+}
+
+__device__ __forceinline__ unsigned mapa(unsigned local_addr, unsigned rank) {
+    unsigned remote;
     asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(local_addr), "r"(rank));
-    asm volatile("ld.shared::cluster.f32 %0, [%1];\n" : "=f"(v) : "r"(remote) : "memory");
+    return remote;
+}
+__device__ __forceinline__ void cluster_arrive_relaxed() {
+    asm volatile("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void cluster_wait() { asm volatile("barrier.cluster.wait.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void mbar_init(unsigned mbar, unsigned count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(mbar), "r"(count) : "memory");
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
+__device__ __forceinline__ void mbar_arrive_expect_tx(unsigned mbar, unsigned bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" :: "r"(mbar), "r"(bytes) : "memory");
+}
+// Wait for phase 0 of a local mbarrier, acquiring the cluster's st.async writes. Never hangs:
+// a lost transfer traps (an error the caller sees) after ~seconds of spinning.
+__device__ __forceinline__ void mbar_wait_phase0(unsigned mbar) {
+    for (unsigned spins = 0;; ++spins) {
+        unsigned done;
+        asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], 0;\n"
+                     "selp.u32 %0, 1, 0, p;\n}\n" : "=r"(done) : "r"(mbar) : "memory");
+        if (done) return;
+        if (spins > (1u << 22)) asm volatile("trap;");
+    }
+}
+// Asynchronous 4-byte store into another CTA's shared memory, signalling its mbarrier.
+__device__ __forceinline__ void st_async_f32(unsigned remote_addr, float v, unsigned remote_mbar) {
+    asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.f32 [%0], %1, [%2];\n"
+                 :: "r"(remote_addr), "f"(v), "r"(remote_mbar) : "memory");
+}
+__device__ __forceinline__ void st_shared_f32(unsigned addr, float v) {
+    asm volatile("st.shared.f32 [%0], %1;\n" :: "r"(addr), "f"(v) : "memory");
+}
+__device__ __forceinline__ float ld_shared_f32(unsigned addr) {
+    float v;
+    asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(v) : "r"(addr) : "memory");
     return v;
 }
 
@@ -99,15 +138,30 @@ __device__ __forceinline__ void store_out(void* out, long long idx, float v) {
     }
 }
 
-// Shared memory: max(pipeline ring, warp partials + CTA sums). Mirrored in backends/jit.py.
+// Shared memory (mirrored in backends/jit.py smem_bytes):
+//   main = max(pipeline ring, warp partials + CTA sums); PUSH with a cluster adds an mbarrier
+//   (16 B) and the receive buffer (split * ceil(NT*8*RT*16 / split) floats) after main.
 __host__ __device__ constexpr int skinny_ring_bytes(int rt, int nt, int stages, int warps) {
     return stages * warps * (2 * rt + nt) * 512;
 }
 __host__ __device__ constexpr int skinny_reduce_bytes(int rt, int nt, int warps) {
     return (warps + 1) * rt * nt * 128 * 4;
 }
+__host__ __device__ constexpr int skinny_main_bytes(int rt, int nt, int stages, int warps) {
+    return skinny_ring_bytes(rt, nt, stages, warps) > skinny_reduce_bytes(rt, nt, warps)
+               ? skinny_ring_bytes(rt, nt, stages, warps) : skinny_reduce_bytes(rt, nt, warps);
+}
 
-template <int RT, int NT, int STAGES, bool OUT_BF16>
+constexpr int kMaxSplit = 16;
+
+// Cluster reduction modes (PUSH template flag):
+//  false: every rank stores its CTA sums locally; barrier.cluster (release/acquire); rank r reads
+//         its share of the outputs from all ranks (ld.shared::cluster); a relaxed cluster barrier
+//         keeps shared memory alive until all reads are done.
+//  true:  each rank pushes its CTA sums to the owning rank with st.async, which completes bytes on
+//         the owner's mbarrier (initialised and armed at kernel entry; one relaxed cluster barrier
+//         arrive at entry / wait before the first push). No fence, no trailing barrier.
+template <int RT, int NT, int STAGES, bool OUT_BF16, bool PUSH>
 __device__ __forceinline__ void skinny_gemm(const __nv_bfloat16* __restrict__ act, const __nv_bfloat16* __restrict__ w,
                                             void* __restrict__ out, int M, int N, int K, int lda, int ldw, int ldo) {
     static_assert(RT >= 1 && NT >= 1 && NT <= 2 && STAGES >= 2, "bad tile config");
@@ -152,6 +206,25 @@ __device__ __forceinline__ void skinny_gemm(const __nv_bfloat16* __restrict__ ac
     const int nblk = (int)((long long)(q + 1) * nb / parts) - b0;
 
     const unsigned ring = smem_addr(smem) + (unsigned)(warp * STAGES * L * 512 + lane * 16);
+
+    // Output bookkeeping: outputs o = token * ROWS + row_local, rank r finalises [r*per, r*per+per).
+    const int m_used = M < NT * 8 ? M : NT * 8;
+    const int outs = m_used * ROWS;
+    const int per = (outs + (int)csize - 1) / (int)csize;
+    const int mine_lo = (int)crank * per;
+    const int mine = outs - mine_lo < per ? (outs - mine_lo > 0 ? outs - mine_lo : 0) : per;
+    unsigned mbar = 0, recv = 0;
+    if constexpr (PUSH) {
+        if (csize > 1) {
+            mbar = smem_addr(smem) + (unsigned)skinny_main_bytes(RT, NT, STAGES, nwarps);
+            recv = mbar + 16;
+            if (threadIdx.x == 0) {
+                mbar_init(mbar, 1);
+                mbar_arrive_expect_tx(mbar, (csize - 1) * (unsigned)mine * 4u);
+            }
+            cluster_arrive_relaxed();
+        }
+    }
 
     auto issue = [&](int stage, int blk, int lo, int hi) {
         const int k = (b0 + blk) * 32;  // thread's chunk starts at k + 8t (src already has + 8t)
@@ -216,36 +289,63 @@ __device__ __forceinline__ void skinny_gemm(const __nv_bfloat16* __restrict__ ac
             for (int i = 0; i < 4; ++i) red[(warp * FR + (r * NT + n) * 4 + i) * 32 + lane] = acc[r][n][i];
     __syncthreads();
 
-    // CTA sums in (token, row) order; output index o = token * ROWS + row_local.
+    // CTA sums (fixed warp order) in (token, row) order.
     float* csum = red + nwarps * FR * 32;
-    const int m_used = M < NT * 8 ? M : NT * 8;
-    const int outs = m_used * ROWS;
+    if constexpr (PUSH) {
+        if (csize > 1) cluster_wait();  // every rank's mbarrier is initialised and armed
+    }
     for (int o = threadIdx.x; o < outs; o += blockDim.x) {
         const int tok = o / ROWS, rl = o - tok * ROWS;
         const int rr = rl & 15, tt = tok & 7;
         const int p = (((rl >> 4) * NT + (tok >> 3)) * 4 + (rr >> 3) * 2 + (tt & 1)) * 32 + (rr & 7) * 4 + (tt >> 1);
         float s = 0.f;
+#pragma unroll 4
         for (int wi = 0; wi < nwarps; ++wi) s += red[wi * FR * 32 + p];
         if (csize == 1) {
             if (row0 + rl < N) store_out<OUT_BF16>(out, (long long)tok * ldo + row0 + rl, s);
+        } else if constexpr (PUSH) {
+            const unsigned owner = (unsigned)(o / per);
+            const unsigned slot = recv + (unsigned)((crank * per + (o - (int)owner * per)) * 4);
+            if (owner == crank) st_shared_f32(slot, s);
+            else st_async_f32(mapa(slot, owner), s, mapa(mbar, owner));
         } else {
             csum[o] = s;
         }
     }
     if (csize == 1) return;
 
-    // Cluster reduction: rank r finalises a contiguous share of the outputs, summing ranks in order.
-    cluster_sync();
-    const int per = (outs + (int)csize - 1) / (int)csize;
-    const int o_end = outs < ((int)crank + 1) * per ? outs : ((int)crank + 1) * per;
-    const unsigned csum_addr = smem_addr(csum);
-    for (int o = (int)crank * per + threadIdx.x; o < o_end; o += blockDim.x) {
-        const int tok = o / ROWS, rl = o - tok * ROWS;
-        float s = 0.f;
-        for (unsigned rk = 0; rk < csize; ++rk) s += ld_dsmem_f32(csum_addr + o * 4, rk);
-        if (row0 + rl < N) store_out<OUT_BF16>(out, (long long)tok * ldo + row0 + rl, s);
+    if constexpr (PUSH) {
+        __syncthreads();        // this rank's own partials are in recv
+        mbar_wait_phase0(mbar);  // and every other rank's have arrived
+        for (int j = threadIdx.x; j < mine; j += blockDim.x) {
+            const int o = mine_lo + j;
+            const int tok = o / ROWS, rl = o - tok * ROWS;
+            float v[kMaxSplit];
+#pragma unroll
+            for (int rk = 0; rk < kMaxSplit; ++rk) v[rk] = rk < (int)csize ? ld_shared_f32(recv + (rk * per + j) * 4) : 0.f;
+            float s = 0.f;
+#pragma unroll
+            for (int rk = 0; rk < kMaxSplit; ++rk) s += rk < (int)csize ? v[rk] : 0.f;
+            if (row0 + rl < N) store_out<OUT_BF16>(out, (long long)tok * ldo + row0 + rl, s);
+        }
+        return;
+    } else {
+        // Pull: rank r finalises its share, summing ranks in order (all remote loads issued first).
+        cluster_sync();
+        const unsigned csum_addr = smem_addr(csum);
+        for (int j = threadIdx.x; j < mine; j += blockDim.x) {
+            const int o = mine_lo + j;
+            const int tok = o / ROWS, rl = o - tok * ROWS;
+            float v[kMaxSplit];
+#pragma unroll
+            for (int rk = 0; rk < kMaxSplit; ++rk) v[rk] = rk < (int)csize ? ld_dsmem_f32(mapa(csum_addr + o * 4, rk)) : 0.f;
+            float s = 0.f;
+#pragma unroll
+            for (int rk = 0; rk < kMaxSplit; ++rk) s += rk < (int)csize ? v[rk] : 0.f;
+            if (row0 + rl < N) store_out<OUT_BF16>(out, (long long)tok * ldo + row0 + rl, s);
+        }
+        cluster_sync_relaxed();  // keep this CTA's shared memory alive until every rank has read it
     }
-    cluster_sync_relaxed();  // keep this CTA's shared memory alive until every rank has read it
 }
 
 }  // namespace slim

@@ -8,6 +8,7 @@
 //   SK_NT       token tiles of 8 (1: M <= 8, 2: M <= 16)
 //   SK_RT       16-row weight tiles per CTA (default 4)
 //   SK_STAGES   cp.async ring depth per warp, in 32-k blocks (default 4)
+//   SK_PUSH     cluster reduction: 0 pull (barrier + ld.shared::cluster), 1 push (st.async + mbarrier)
 // Runtime: grid (ceil(N / (16*SK_RT)), S), cluster (1, S, 1), block 32*W, smem from jit.py.
 #include "common.cuh"
 
@@ -17,6 +18,9 @@
 #ifndef SK_RT
 #define SK_RT 4
 #endif
+#ifndef SK_PUSH
+#define SK_PUSH 0
+#endif
 #ifndef SK_STAGES
 #define SK_STAGES 4
 #endif
@@ -24,5 +28,5 @@
 extern "C" __global__ void __launch_bounds__(256, 1)
 dsv3_fused_a_gemm_kernel(const __nv_bfloat16* __restrict__ mat_a, const __nv_bfloat16* __restrict__ weight,
                          __nv_bfloat16* __restrict__ out, int M, int N, int K, int ld_a, int ld_weight, int ld_out) {
-    slim::skinny_gemm<SK_RT, SK_NT, SK_STAGES, true>(mat_a, weight, out, M, N, K, ld_a, ld_weight, ld_out);
+    slim::skinny_gemm<SK_RT, SK_NT, SK_STAGES, true, SK_PUSH != 0>(mat_a, weight, out, M, N, K, ld_a, ld_weight, ld_out);
 }

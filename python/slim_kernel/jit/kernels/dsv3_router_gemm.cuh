@@ -8,6 +8,7 @@
 //   SK_RT       16-row weight tiles per CTA (default 1)
 //   SK_STAGES   cp.async ring depth per warp, in 32-k blocks (default 8)
 //   SK_OUT_BF16 1: bf16 logits, 0: fp32 logits
+//   SK_PUSH     cluster reduction: 0 pull (barrier + ld.shared::cluster), 1 push (st.async + mbarrier)
 // Runtime: grid (ceil(E / (16*SK_RT)), S), cluster (1, S, 1), block 32*W, smem from jit.py.
 #include "common.cuh"
 
@@ -16,6 +17,9 @@
 #endif
 #ifndef SK_RT
 #define SK_RT 1
+#endif
+#ifndef SK_PUSH
+#define SK_PUSH 0
 #endif
 #ifndef SK_STAGES
 #define SK_STAGES 8
@@ -27,6 +31,6 @@
 extern "C" __global__ void __launch_bounds__(256, 1)
 dsv3_router_gemm_kernel(const __nv_bfloat16* __restrict__ hidden_states, const __nv_bfloat16* __restrict__ router_weights,
                         void* __restrict__ out, int M, int E, int K, int ld_hidden, int ld_weight, int ld_out) {
-    slim::skinny_gemm<SK_RT, SK_NT, SK_STAGES, SK_OUT_BF16 != 0>(hidden_states, router_weights, out, M, E, K,
+    slim::skinny_gemm<SK_RT, SK_NT, SK_STAGES, SK_OUT_BF16 != 0, SK_PUSH != 0>(hidden_states, router_weights, out, M, E, K,
                                                                  ld_hidden, ld_weight, ld_out);
 }
