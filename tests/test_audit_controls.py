@@ -7,8 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
-
-from audit_fixtures import GXX, NVCC, NEUTRAL_CU, host_lib, kernels_source, make_wheel, nvcc_fatbin
+from audit_fixtures import GXX, NEUTRAL_CU, NVCC, host_lib, kernels_source, make_wheel, nvcc_fatbin
 from slim_kernel.cli import main
 
 needs_gxx = pytest.mark.skipif(GXX is None, reason="g++ not found")
@@ -46,7 +45,9 @@ def test_schema_string_only(build, capsys):
     rc, res = audit(capsys, make_wheel(build / "sch.whl", {"pkg/_ops.so": lib.read_bytes()}))
     assert rc == 1 and res["ops_found"] == ["dsv3_router_gemm"]
     assert layers_of(res) == {"rodata-schema"}
-    assert res["findings"][0]["evidence"] == "dsv3_router_gemm(Tensor! output, Tensor mat_a, Tensor mat_b) -> ()"
+    assert (
+        res["findings"][0]["evidence"] == "dsv3_router_gemm(Tensor! output, Tensor mat_a, Tensor mat_b) -> ()"
+    )
 
 
 @needs_gxx
@@ -85,8 +86,14 @@ def test_bmm_fp8_without_device_kernel_found_by_host_layers(build, capsys):
 def test_embedded_fatbin_each_compress_mode(build, capsys, mode, compression):
     """nvcc 13: size -> zstd everywhere; speed -> LZ4 (PTX; small cubins stay plain);
     default -> plain cubins, zstd PTX; -no-compress -> all plain."""
-    blob = nvcc_fatbin(build / f"fb_{mode}", "kernels.cu", kernels_source("dsv3_router_gemm"),
-                       mode=mode, arches=("sm_90a", "sm_100a"), code="both")
+    blob = nvcc_fatbin(
+        build / f"fb_{mode}",
+        "kernels.cu",
+        kernels_source("dsv3_router_gemm"),
+        mode=mode,
+        arches=("sm_90a", "sm_100a"),
+        code="both",
+    )
     lib = host_lib(build / f"fb_{mode}", "fb", fatbin=blob, strip=True)
     rc, res = audit(capsys, make_wheel(build / f"fb_{mode}.whl", {"pkg/_ops.so": lib.read_bytes()}))
     assert rc == 1 and res["ops_found"] == ["dsv3_router_gemm"]
@@ -94,7 +101,12 @@ def test_embedded_fatbin_each_compress_mode(build, capsys, mode, compression):
     kernels = {f["evidence"] for f in res["findings"] if f["layer"] == "fatbin-kernel"}
     assert "kernel dsv3_router_gemm_kernel" in kernels
     assert any(e.startswith("kernel void dsv3_router_gemm_tile<4>(float*)") for e in kernels)
-    assert {a for f in res["findings"] for a in f["archs"]} == {"sm_90a", "sm_100a", "compute_90a", "compute_100a"}
+    assert {a for f in res["findings"] for a in f["archs"]} == {
+        "sm_90a",
+        "sm_100a",
+        "compute_90a",
+        "compute_100a",
+    }
     scanned = res["layers"]["fatbin-kernel"]["scanned"]
     assert "4 entries" in scanned and compression in scanned
     if mode == "speed":
@@ -133,11 +145,15 @@ def test_shipped_device_files(build, capsys):
     cubin = build / "ship" / "k.cubin"
     import subprocess
 
-    subprocess.run([NVCC, "-cubin", "-arch=sm_90a", "-o", str(cubin), str(build / "ship" / "k.cu")], check=True)
+    subprocess.run(
+        [NVCC, "-cubin", "-arch=sm_90a", "-o", str(cubin), str(build / "ship" / "k.cu")], check=True
+    )
     ptx = build / "ship" / "k.ptx"
     subprocess.run([NVCC, "-ptx", "-arch=sm_90a", "-o", str(ptx), str(build / "ship" / "k.cu")], check=True)
-    rc, res = audit(capsys, make_wheel(build / "shipc.whl", {"pkg/k.cubin": cubin.read_bytes(),
-                                                            "pkg/k.ptx": ptx.read_bytes()}))
+    rc, res = audit(
+        capsys,
+        make_wheel(build / "shipc.whl", {"pkg/k.cubin": cubin.read_bytes(), "pkg/k.ptx": ptx.read_bytes()}),
+    )
     assert rc == 1 and layers_of(res) == {"shipped-cubin", "shipped-ptx"}
     assert res["ops_found"] == ["dsv3_fused_a_gemm"]
 
@@ -145,16 +161,33 @@ def test_shipped_device_files(build, capsys):
 @needs_gxx
 @needs_nvcc
 def test_dsv4_only_library_passes(build, capsys):
-    blob = nvcc_fatbin(build / "v4", "dsv4_router_gemm.cu", kernels_source("dsv4_router_gemm") + NEUTRAL_CU,
-                       mode="size")
-    lib = host_lib(build / "v4", "v4", exported=["dsv4_router_gemm"], static=["dsv4_fused_a_gemm"],
-                   schemas=["dsv4_router_gemm"], strings=["dsv4_fused_a_gemm"], fatbin=blob)
+    blob = nvcc_fatbin(
+        build / "v4", "dsv4_router_gemm.cu", kernels_source("dsv4_router_gemm") + NEUTRAL_CU, mode="size"
+    )
+    lib = host_lib(
+        build / "v4",
+        "v4",
+        exported=["dsv4_router_gemm"],
+        static=["dsv4_fused_a_gemm"],
+        schemas=["dsv4_router_gemm"],
+        strings=["dsv4_fused_a_gemm"],
+        fatbin=blob,
+    )
     rc, res = audit(capsys, make_wheel(build / "v4.whl", {"pkg/_ops.so": lib.read_bytes()}))
     assert rc == 0 and res["clean"] and res["findings"] == []
     # the same library with the default rules replaced by dsv4_* is flagged in every layer
-    rc, res = audit(capsys, make_wheel(build / "v4.whl", {"pkg/_ops.so": lib.read_bytes()}), "--retired", "dsv4_*")
+    rc, res = audit(
+        capsys, make_wheel(build / "v4.whl", {"pkg/_ops.so": lib.read_bytes()}), "--retired", "dsv4_*"
+    )
     assert rc == 1
-    assert {"elf-dynsym", "elf-symtab", "rodata-schema", "rodata-string", "fatbin-kernel", "fatbin-tu"} <= layers_of(res)
+    assert {
+        "elf-dynsym",
+        "elf-symtab",
+        "rodata-schema",
+        "rodata-string",
+        "fatbin-kernel",
+        "fatbin-tu",
+    } <= layers_of(res)
     assert "dsv4_router_gemm" in res["ops_found"]
 
 
@@ -164,7 +197,9 @@ def test_python_jit_sources_and_metadata_are_routed_not_findings(tmp_path, capsy
         "pkg/ops.py": b"def dsv3_fused_a_gemm(a, b):\n    return flashinfer.bmm_fp8(a, b)\n",
         "pkg/jit/kernels/router.cuh": b"__global__ void dsv3_router_gemm_kernel() {}\n",
     }
-    wheel = make_wheel(tmp_path / "py.whl", members, metadata_extra="Example: sgl_kernel.dsv3_router_gemm(x, w)")
+    wheel = make_wheel(
+        tmp_path / "py.whl", members, metadata_extra="Example: sgl_kernel.dsv3_router_gemm(x, w)"
+    )
     rc, res = audit(capsys, wheel)
     assert rc == 0 and res["clean"] and res["findings"] == []
     routed = {(r["member"], r["kind"], r["op"]) for r in res["routed"]}
@@ -177,8 +212,10 @@ def test_python_jit_sources_and_metadata_are_routed_not_findings(tmp_path, capsy
 @needs_gxx
 def test_several_wheels_give_a_list_and_worst_exit_code(build, capsys, tmp_path):
     clean = make_wheel(tmp_path / "clean.whl", {"pkg/a.py": b"x = 1\n"})
-    dirty = make_wheel(tmp_path / "dirty.whl",
-                       {"pkg/_ops.so": host_lib(build / "m", "m", exported=["bmm_fp8"], strip=True).read_bytes()})
+    dirty = make_wheel(
+        tmp_path / "dirty.whl",
+        {"pkg/_ops.so": host_lib(build / "m", "m", exported=["bmm_fp8"], strip=True).read_bytes()},
+    )
     rc, res = audit(capsys, clean, dirty)
     assert rc == 1 and [r["clean"] for r in res] == [True, False]
     rc, res = audit(capsys, clean, dirty, tmp_path / "missing.whl")

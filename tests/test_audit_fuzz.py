@@ -10,10 +10,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from audit_fixtures import fatbin_entry, fatbin_header, fatbin_of, tiny_elf
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
-from audit_fixtures import fatbin_entry, fatbin_header, fatbin_of, tiny_elf
 from slim_kernel.audit.device import summarize_cubin
 from slim_kernel.audit.elf import ElfFile
 from slim_kernel.audit.limits import AuditInputError, Limits
@@ -22,13 +21,16 @@ from slim_kernel.audit.scan import ScanContext, scan_member
 
 LIMITS = Limits(max_entry_unpacked=8 << 20, retained_in_memory=1 << 20)
 CTX = ScanContext(Rules(), LIMITS)
-CUBIN = tiny_elf(["dsv3_router_gemm_kernel", "_Z7bmm_fp8v"],
-                 extra_symbols=["_ZN34_INTERNAL_5e4f58f6_10_bmm_fp8_cu_6ca8d4177counterE"])
+CUBIN = tiny_elf(
+    ["dsv3_router_gemm_kernel", "_Z7bmm_fp8v"],
+    extra_symbols=["_ZN34_INTERNAL_5e4f58f6_10_bmm_fp8_cu_6ca8d4177counterE"],
+)
 FATBIN = fatbin_of([(CUBIN, 90, 0x100011), (CUBIN, 100, 0x1100011)])
-HOST = Path(os.path.realpath(sys.executable)).read_bytes()[:256 << 10]
-HOST_WITH_FATBIN = HOST[:8192] + FATBIN + HOST[8192 + len(FATBIN):]
-LZ4_ENTRY = fatbin_header(64 + 24) + fatbin_entry(2, b"\x80\x7fELF\x02\x01\x01\x41" + b"\0" * 16,
-                                                  flags=0x2011, csize=24, usize=64)
+HOST = Path(os.path.realpath(sys.executable)).read_bytes()[: 256 << 10]
+HOST_WITH_FATBIN = HOST[:8192] + FATBIN + HOST[8192 + len(FATBIN) :]
+LZ4_ENTRY = fatbin_header(64 + 24) + fatbin_entry(
+    2, b"\x80\x7fELF\x02\x01\x01\x41" + b"\0" * 16, flags=0x2011, csize=24, usize=64
+)
 
 
 def mutated(seed: bytes):
@@ -45,8 +47,11 @@ def _apply(seed: bytes, patches) -> bytes:
 
 
 def inputs(*seeds: bytes):
-    return st.one_of(st.binary(max_size=512), *[mutated(s) for s in seeds],
-                     st.builds(lambda s, n: s[:n], st.sampled_from(seeds), st.integers(0, 4096)))
+    return st.one_of(
+        st.binary(max_size=512),
+        *[mutated(s) for s in seeds],
+        st.builds(lambda s, n: s[:n], st.sampled_from(seeds), st.integers(0, 4096)),
+    )
 
 
 def _must_be_clean_error(fn, data: bytes) -> None:

@@ -11,7 +11,6 @@ import zipfile
 from pathlib import Path
 
 import pytest
-
 from audit_fixtures import (
     fatbin_entry,
     fatbin_header,
@@ -47,7 +46,9 @@ def test_zip_bomb_ratio(tmp_path, capsys):
 
 
 def test_zip_bomb_absolute_limits(tmp_path):
-    wheel = make_wheel(tmp_path / "big.whl", {"pkg/a.bin": os.urandom(3 << 20), "pkg/b.bin": os.urandom(3 << 20)})
+    wheel = make_wheel(
+        tmp_path / "big.whl", {"pkg/a.bin": os.urandom(3 << 20), "pkg/b.bin": os.urandom(3 << 20)}
+    )
     with pytest.raises(HostileArchiveError, match="pkg/.\\.bin.*over the limit"):
         WheelArchive(wheel, Limits(max_member_unpacked=2 << 20))
     with pytest.raises(HostileArchiveError, match="unpacks to more than"):
@@ -67,8 +68,10 @@ def test_path_traversal_and_absolute_names(tmp_path, capsys, name):
 
 
 def test_symlink_member(tmp_path, capsys):
-    wheel = zip_with_info(tmp_path / "link.whl", [(zipfile.ZipInfo("pkg/a.py"), b"x\n"),
-                                                 (symlink_info("pkg/link.so"), b"/etc/passwd")])
+    wheel = zip_with_info(
+        tmp_path / "link.whl",
+        [(zipfile.ZipInfo("pkg/a.py"), b"x\n"), (symlink_info("pkg/link.so"), b"/etc/passwd")],
+    )
     refused(capsys, wheel, "symlink", "pkg/link.so")
 
 
@@ -104,10 +107,15 @@ def test_truncated_elf(tmp_path, capsys):
     "blob, needle",
     [
         (fatbin_header(1 << 62), "declares"),
-        (fatbin_header(80) + fatbin_entry(2, b"\0" * 16, header_size=1 << 30, pad=False), "absurd header size"),
+        (
+            fatbin_header(80) + fatbin_entry(2, b"\0" * 16, header_size=1 << 30, pad=False),
+            "absurd header size",
+        ),
         (fatbin_header(64 + 16) + fatbin_entry(2, b"\0" * 16, stored=1 << 40), "payload"),
-        (fatbin_header(64 + 16) + fatbin_entry(2, b"\0" * 16, flags=0x2011, csize=16, usize=1 << 40),
-         "decompression bomb"),
+        (
+            fatbin_header(64 + 16) + fatbin_entry(2, b"\0" * 16, flags=0x2011, csize=16, usize=1 << 40),
+            "decompression bomb",
+        ),
         (fatbin_header(64 + 16) + fatbin_entry(2, b"\xff" * 16, flags=0x8011, csize=16, usize=64), "zstd"),
         (fatbin_header(64 + 16) + fatbin_entry(2, b"\xff" * 16, flags=0x2011, csize=16, usize=64), "LZ4"),
         (fatbin_header(64 + 64) + fatbin_entry(2, b"NOTANELF" * 8), "not an ELF"),
@@ -134,8 +142,13 @@ def test_nothing_written_outside_private_tempdir(tmp_path):
     cwd.mkdir()
     env = dict(os.environ, PYTHONPATH=str(REPO / "python"), TMPDIR=str(tmp_path / "tmp"))
     (tmp_path / "tmp").mkdir()
-    proc = subprocess.run([sys.executable, "-m", "slim_kernel", "audit", str(wheel)], cwd=cwd, env=env,
-                          capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "slim_kernel", "audit", str(wheel)],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     assert proc.returncode == 0, proc.stderr
     assert list(cwd.iterdir()) == [] and list((tmp_path / "tmp").iterdir()) == []
     assert sorted(p.name for p in (tmp_path / "w").iterdir()) == ["ok.whl"]

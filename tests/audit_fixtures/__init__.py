@@ -66,7 +66,7 @@ def host_lib(
     lines = ["namespace at { struct Tensor { void* impl; }; }", "static volatile int sink;"]
     for op in exported:  # exported C++ entry point with an aten-like signature
         lines.append(
-            f"__attribute__((visibility(\"default\"))) void {op}(at::Tensor& out, const at::Tensor& a, "
+            f'__attribute__((visibility("default"))) void {op}(at::Tensor& out, const at::Tensor& a, '
             "const at::Tensor& b) { sink = sink + 1; }"
         )
     for op in static:  # defined, not exported: visible in .symtab only (unless stripped)
@@ -75,16 +75,18 @@ def host_lib(
     for i, text in enumerate(texts):
         lines.append(f"__attribute__((used)) static const char text_{i}[] = {_cxx_string(text)};")
     if texts:
-        lines.append("extern \"C\" __attribute__((visibility(\"default\"))) const char* registry(int i) {")
-        lines.append("  static const char* all[] = {" + ", ".join(f"text_{i}" for i in range(len(texts))) + "};")
+        lines.append('extern "C" __attribute__((visibility("default"))) const char* registry(int i) {')
+        lines.append(
+            "  static const char* all[] = {" + ", ".join(f"text_{i}" for i in range(len(texts))) + "};"
+        )
         lines.append(f"  return all[i % {len(texts)}];" + " }")
     if fatbin is not None:
         data = ", ".join(str(b) for b in fatbin)
         lines.append(
-            "__attribute__((section(\".nv_fatbin\"), aligned(8), used)) "
+            '__attribute__((section(".nv_fatbin"), aligned(8), used)) '
             f"static const unsigned char fatbin_blob[] = {{{data}}};"
         )
-    lines.append("extern \"C\" __attribute__((visibility(\"default\"))) int plain_entry() { return sink; }")
+    lines.append('extern "C" __attribute__((visibility("default"))) int plain_entry() { return sink; }')
     workdir.mkdir(parents=True, exist_ok=True)
     src = workdir / f"{name}.cpp"
     src.write_text("\n".join(lines) + "\n")
@@ -94,8 +96,15 @@ def host_lib(
     return out
 
 
-def nvcc_fatbin(workdir: Path, filename: str, source: str, *, mode: str | None = None,
-                arches: tuple[str, ...] = ("sm_90a",), code: str = "sass") -> bytes:
+def nvcc_fatbin(
+    workdir: Path,
+    filename: str,
+    source: str,
+    *,
+    mode: str | None = None,
+    arches: tuple[str, ...] = ("sm_90a",),
+    code: str = "sass",
+) -> bytes:
     """Compile `source` (saved as `filename`, which names the TU) to a fatbin.
 
     mode: a `-compress-mode` value (size/speed/balance/default/none) or "no-compress";
@@ -122,15 +131,23 @@ def kernels_source(op: str) -> str:
     return KERNELS_CU.format(op=op)
 
 
-def make_wheel(path: Path, members: dict[str, bytes], *, dist: str = "demo", version: str = "0.1",
-               metadata_extra: str = "") -> Path:
+def make_wheel(
+    path: Path,
+    members: dict[str, bytes],
+    *,
+    dist: str = "demo",
+    version: str = "0.1",
+    metadata_extra: str = "",
+) -> Path:
     """Assemble a wheel (deflated members plus dist-info) with zipfile."""
     info = f"{dist}-{version}.dist-info"
     files = dict(members)
     files[f"{info}/METADATA"] = (
         f"Metadata-Version: 2.1\nName: {dist}\nVersion: {version}\n\n{metadata_extra}\n"
     ).encode()
-    files[f"{info}/WHEEL"] = b"Wheel-Version: 1.0\nGenerator: tests\nRoot-Is-Purelib: false\nTag: py3-none-any\n"
+    files[f"{info}/WHEEL"] = (
+        b"Wheel-Version: 1.0\nGenerator: tests\nRoot-Is-Purelib: false\nTag: py3-none-any\n"
+    )
     record = "".join(f"{name},,\n" for name in files) + f"{info}/RECORD,,\n"
     files[f"{info}/RECORD"] = record.encode()
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -151,7 +168,7 @@ def zip_with_info(path: Path, infos: list[tuple[zipfile.ZipInfo, bytes]]) -> Pat
 def symlink_info(name: str) -> zipfile.ZipInfo:
     info = zipfile.ZipInfo(name)
     info.create_system = 3
-    info.external_attr = (0o120777 << 16)
+    info.external_attr = 0o120777 << 16
     return info
 
 
@@ -168,7 +185,9 @@ def _central_entries(raw: bytes) -> list[int]:
 
 def overlapping_zip(path: Path) -> Path:
     """Two members whose central entries point at the same local data."""
-    zip_with_info(path, [(zipfile.ZipInfo("a.py"), b"x = 1\n" * 10), (zipfile.ZipInfo("b.py"), b"x = 1\n" * 10)])
+    zip_with_info(
+        path, [(zipfile.ZipInfo("a.py"), b"x = 1\n" * 10), (zipfile.ZipInfo("b.py"), b"x = 1\n" * 10)]
+    )
     raw = bytearray(path.read_bytes())
     first, second = _central_entries(bytes(raw))
     struct.pack_into("<I", raw, second + 42, struct.unpack_from("<I", raw, first + 42)[0])
@@ -191,17 +210,30 @@ def fatbin_header(fat_size: int) -> bytes:
     return struct.pack("<IHHQ", 0xBA55ED50, 1, 16, fat_size)
 
 
-def fatbin_entry(kind: int, payload: bytes, *, header_size: int = 64, flags: int = 0x11, sm: int = 90,
-                 csize: int = 0, usize: int = 0, stored: int | None = None, pad: bool = True) -> bytes:
+def fatbin_entry(
+    kind: int,
+    payload: bytes,
+    *,
+    header_size: int = 64,
+    flags: int = 0x11,
+    sm: int = 90,
+    csize: int = 0,
+    usize: int = 0,
+    stored: int | None = None,
+    pad: bool = True,
+) -> bytes:
     """One hand-made fatbin entry (for malformed-input tests and fuzz seeds); `pad=False`
     leaves out the header extension (for a header size that lies)."""
     stored = len(payload) if stored is None else stored
-    head = struct.pack("<HHIQIIHHIIIQQQ", kind, 0x101, header_size, stored, csize, 0, 8, 1, sm, 0, 0,
-                       flags, 0, usize)
+    head = struct.pack(
+        "<HHIQIIHHIIIQQQ", kind, 0x101, header_size, stored, csize, 0, 8, 1, sm, 0, 0, flags, 0, usize
+    )
     return head + (b"\x00" * (header_size - 64) if pad else b"") + payload
 
 
-def tiny_elf(kernels: list[str], *, machine: int = 190, extra_symbols: list[str] = (), flags: int = 0x5A04) -> bytes:
+def tiny_elf(
+    kernels: list[str], *, machine: int = 190, extra_symbols: list[str] = (), flags: int = 0x5A04
+) -> bytes:
     """A small, valid ELF64 (a cubin when machine=190) with one `.text.<name>` section and one
     FUNC symbol per kernel, plus OBJECT symbols: built without nvcc, for fuzz seeds and size tests."""
     shstr = bytearray(b"\0")
@@ -238,10 +270,13 @@ def tiny_elf(kernels: list[str], *, machine: int = 190, extra_symbols: list[str]
         body.append(0)
     shoff = len(body)
     for (name, typ, data, link, info, ent), off in zip(sections, offsets):
-        body.extend(struct.pack("<IIQQQQIIQQ", name, typ, 0, 0, off if typ else 0, len(data), link, info, 8, ent))
+        body.extend(
+            struct.pack("<IIQQQQIIQQ", name, typ, 0, 0, off if typ else 0, len(data), link, info, 8, ent)
+        )
     ident = b"\x7fELF\x02\x01\x01\x41\x08" + b"\0" * 7
-    header = ident + struct.pack("<HHIQQQIHHHHHH", 1, machine, 1, 0, 0, shoff, flags, 64, 0, 0, 64,
-                                 len(sections), 1)
+    header = ident + struct.pack(
+        "<HHIQQQIHHHHHH", 1, machine, 1, 0, 0, shoff, flags, 64, 0, 0, 64, len(sections), 1
+    )
     body[:64] = header
     return bytes(body)
 
