@@ -196,7 +196,7 @@ def test_outside_window_falls_back():
 # Tile configurations the benchmark compares (compile-time rt/stages, launch-time warps/split),
 # including one CTA per row group (split=1, no cluster), odd cluster sizes and 1..8 warps.
 CONFIGS = [
-    "rt=1,stages=2,warps=1,split=1",
+    "rt=1,stages=2,warps=2,split=1",
     "rt=1,stages=8,warps=4,split=8",
     "rt=2,stages=3,warps=8,split=2",
     "rt=4,stages=4,warps=4,split=4",

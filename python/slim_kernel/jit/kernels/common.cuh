@@ -232,7 +232,7 @@ __device__ __forceinline__ void skinny_gemm(const __nv_bfloat16* __restrict__ ac
         const unsigned dst = ring + (unsigned)(stage * L * 512);
 #pragma unroll
         for (int l = 0; l < L; ++l) {
-            if (l >= lo && l < hi) cp_async16(dst + l * 512, src[l] + k, (ok[l] && kok) ? 16 : 0);
+            if (l >= lo && l < hi) cp_async16(dst + l * 512, src[l] + (kok ? k : 0), (ok[l] && kok) ? 16 : 0);
         }
     };
 
