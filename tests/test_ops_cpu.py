@@ -1,8 +1,10 @@
 """The three public ops on CPU: results vs float64, bad inputs, opcheck, torch.compile."""
 
 import pytest
-import slim_kernel as sk
 import torch
+
+import slim_kernel as sk
+
 from _inputs import TOL, bmm_fp8_inputs, bmm_fp8_ref, fused_a_ref, randn, rel_err, router_ref
 
 FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
@@ -144,7 +146,7 @@ def test_opcheck_all_ops(gen):
         utils = ALL_OPCHECK
         if args[1].dtype in FP8:
             # torch's SchemaCheckMode compares fp8 inputs with ops CPU lacks for fp8
-            # ("mul_cpu_reduced_float"); test_schema for bmm_fp8 runs in the GPU tests.
+            # ("mul_cpu_reduced_float", on CUDA too): test_dispatch.py checks bmm_fp8's schema by hand.
             utils = tuple(u for u in ALL_OPCHECK if u != "test_schema")
         torch.library.opcheck(op, args, test_utils=utils)
 

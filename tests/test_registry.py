@@ -5,8 +5,9 @@ import types
 import warnings
 
 import pytest
-import slim_kernel  # noqa: F401  (registers the ops)
 import torch
+
+import slim_kernel  # noqa: F401  (registers the ops)
 from slim_kernel import registry
 from slim_kernel.registry import BackendUnavailableError, KernelBackend, KernelSpec
 

@@ -142,12 +142,19 @@ def _reason(spec: KernelSpec, device: torch.device, args: Sequence) -> str | Non
 
 
 def _try_load(spec: KernelSpec) -> tuple[Callable | None, str | None]:
+    """Import the implementation; on first load also ask the probe (compiler, driver present?)."""
     try:
-        return spec.load(), None
+        first = "fn" not in spec._loaded
+        fn = spec.load()
+        reason = spec.probe() if first and spec.probe is not None else None
+        if reason is None:
+            return fn, None
+        spec._loaded.pop("fn")
+        reason = f"unavailable: {reason}"
     except (ImportError, RuntimeError, OSError) as exc:
         reason = f"unavailable: {type(exc).__name__}: {exc}"
-        _BROKEN[(spec.op, spec.backend)] = reason
-        return None, reason
+    _BROKEN[(spec.op, spec.backend)] = reason
+    return None, reason
 
 
 def select(op: str, device: torch.device, args: Sequence, backend=None) -> tuple[KernelSpec, Callable]:

@@ -3,15 +3,25 @@
 Ops are defined with a plain ``torch.library.Library`` schema plus CPU/CUDA kernels and a
 fake kernel: dispatch through it costs ~1 µs, where ``torch.library.custom_op``'s Python
 autograd layers cost ~13 µs per call, and torch.compile, CUDA graphs and opcheck work alike.
+
+:class:`Op` is the public-call path. Validation and backend selection are cached per call
+signature (shapes, strides, dtypes, devices, 16-byte alignment, pinned backend, env
+override). A plain eager call (no compile, tracing, dispatch/function mode, functorch
+transform, tensor subclass or autograd) then runs the selected backend directly; every
+other call goes through the registered op, so torch sees exactly what it would otherwise.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import os
 
 import torch
+from torch._C import _functorch
 
 from .. import registry
+
+_MAX_PLANS = 4096
 
 LIB = torch.library.Library("slim_kernel", "DEF")
 
@@ -41,6 +51,65 @@ def define(op: str, params: str):
         LIB.impl(op, kernel, key)
     torch.library.register_fake(f"slim_kernel::{op}", lambda *args: None, lib=LIB)
     return getattr(torch.ops.slim_kernel, op).default
+
+
+def _modes_active() -> bool:
+    """Anything that must see the op through the dispatcher (modes, functorch, jit tracing)."""
+    return bool(torch._C._len_torch_dispatch_stack() or torch._C._is_torch_function_mode_enabled()
+                or _functorch.peek_interpreter_stack() is not None or torch._C._get_tracing_state())
+
+
+class Op:
+    """A public op: ``slim_kernel::<name>`` plus the cached eager fast path."""
+
+    def __init__(self, name: str, params: str):
+        self.name = name
+        self.overload = define(name, params)
+        self._env = registry.env_var(name)
+        self._plans: dict = {}
+
+    def _key(self, backend, output, inputs, extra) -> tuple[tuple, bool]:
+        """(call signature, whether the call is plain eager); raises on non-tensors / fake tensors."""
+        key = [backend, os.environ.get(self._env), extra, output is None]
+        grad = torch.is_grad_enabled()
+        plain = not _modes_active()
+        for t in inputs if output is None else (output, *inputs):
+            key += (t.shape, t.stride(), t.dtype, t.device, t.data_ptr() & 15)
+            if type(t) is not torch.Tensor or (grad and t.requires_grad):
+                plain = False
+        return tuple(key), plain
+
+    def __call__(self, validate, backend, output, inputs: tuple, extra=()) -> torch.Tensor:
+        """Run the op. ``validate()`` raises on bad input, else returns (out shape, out dtype)."""
+        if torch.compiler.is_compiling():  # traced: plain checks + the registered op, no caches
+            shape, dtype = validate()
+            if output is None:
+                output = torch.empty(shape, dtype=dtype, device=inputs[0].device)
+            self.overload(output, *inputs, backend)
+            return output
+        try:
+            key, plain = self._key(backend, output, inputs, extra)
+            plan = self._plans.get(key)
+        except (AttributeError, TypeError, RuntimeError):  # non-tensor / storage-less: validate() decides
+            key, plain, plan = None, False, None
+        if plan is None:
+            shape, dtype = validate()
+            plan = [shape, dtype, inputs[0].device, None]
+            if key is not None:
+                if len(self._plans) >= _MAX_PLANS:
+                    self._plans.clear()
+                self._plans[key] = plan
+        shape, dtype, device, fn = plan
+        if output is None:
+            output = torch.empty(shape, dtype=dtype, device=device)
+        if plain:
+            if fn is None:
+                _, fn = registry.select(self.name, device, (output, *inputs), backend)
+                plan[3] = fn
+            fn(output, *inputs)
+        else:
+            self.overload(output, *inputs, backend)
+        return output
 
 
 def module_probe(name: str, what: str):

@@ -7,7 +7,7 @@ import torch
 from .. import registry
 from ..registry import KernelBackend, KernelSpec
 from . import _validate as v
-from ._dispatch import define, flashinfer_probe
+from ._dispatch import Op, flashinfer_probe
 
 OP = "bmm_fp8"
 FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
@@ -34,7 +34,7 @@ registry.register(
 )
 
 
-_bmm_fp8_op = define(OP, "Tensor A, Tensor B, Tensor A_scale, Tensor B_scale")
+_op = Op(OP, "Tensor A, Tensor B, Tensor A_scale, Tensor B_scale")
 
 
 def _scale(name: str, s, device: torch.device) -> None:
@@ -45,7 +45,7 @@ def _scale(name: str, s, device: torch.device) -> None:
     v.same_device(name, s, device, "A")
 
 
-def validate(A, B, A_scale, B_scale, dtype, out) -> tuple[int, int, int, int]:
+def validate(A, B, A_scale, B_scale, dtype, out) -> tuple[tuple[int, int, int], torch.dtype]:
     v.tensor("A", A)
     v.tensor("B", B)
     v.rank("A", A, 3, "(b, m, k)")
@@ -74,14 +74,10 @@ def validate(A, B, A_scale, B_scale, dtype, out) -> tuple[int, int, int, int]:
     _scale("B_scale", B_scale, A.device)
     if out is not None:
         v.output("out", out, (b, m, n), dtype, A.device)
-    return b, m, k, n
+    return (b, m, n), dtype
 
 
 def bmm_fp8(A: torch.Tensor, B: torch.Tensor, A_scale: torch.Tensor, B_scale: torch.Tensor,
             dtype: torch.dtype, out: torch.Tensor | None = None, *, backend: str | None = None) -> torch.Tensor:
     """fp8 batched GEMM: ``(A * A_scale) @ (B * B_scale)`` in ``dtype`` (bf16 or fp16)."""
-    b, m, _, n = validate(A, B, A_scale, B_scale, dtype, out)
-    if out is None:
-        out = torch.empty((b, m, n), dtype=dtype, device=A.device)
-    _bmm_fp8_op(out, A, B, A_scale, B_scale, backend)
-    return out
+    return _op(lambda: validate(A, B, A_scale, B_scale, dtype, out), backend, out, (A, B, A_scale, B_scale), dtype)

@@ -8,7 +8,7 @@ from .. import registry
 from ..backends import jit as _jit
 from ..registry import KernelBackend, KernelSpec
 from . import _validate as v
-from ._dispatch import define, flashinfer_probe
+from ._dispatch import Op, flashinfer_probe
 
 OP = "dsv3_fused_a_gemm"
 
@@ -41,10 +41,10 @@ registry.register(
 )
 
 
-_fused_a_op = define(OP, "Tensor mat_a, Tensor mat_b")
+_op = Op(OP, "Tensor mat_a, Tensor mat_b")
 
 
-def validate(mat_a, mat_b, output) -> tuple[int, int]:
+def validate(mat_a, mat_b, output) -> tuple[tuple[int, int], torch.dtype]:
     v.tensor("mat_a", mat_a)
     v.tensor("mat_b", mat_b)
     v.rank("mat_a", mat_a, 2, "(M, K)")
@@ -64,14 +64,10 @@ def validate(mat_a, mat_b, output) -> tuple[int, int]:
                          f"got strides {mat_b.stride()}")
     if output is not None:
         v.output("output", output, (m, n), torch.bfloat16, mat_a.device)
-    return m, n
+    return (m, n), torch.bfloat16
 
 
 def dsv3_fused_a_gemm(mat_a: torch.Tensor, mat_b: torch.Tensor, output: torch.Tensor | None = None, *,
                       backend: str | None = None) -> torch.Tensor:
     """DeepSeek-V3 fused q_a/kv_a projection: ``mat_a @ mat_b`` in bf16 with fp32 accumulation."""
-    m, n = validate(mat_a, mat_b, output)
-    if output is None:
-        output = torch.empty((m, n), dtype=torch.bfloat16, device=mat_a.device)
-    _fused_a_op(output, mat_a, mat_b, backend)
-    return output
+    return _op(lambda: validate(mat_a, mat_b, output), backend, output, (mat_a, mat_b))

@@ -8,7 +8,7 @@ from .. import registry
 from ..backends import jit as _jit
 from ..registry import KernelBackend, KernelSpec
 from . import _validate as v
-from ._dispatch import define, flashinfer_probe
+from ._dispatch import Op, flashinfer_probe
 
 OP = "dsv3_router_gemm"
 OUT_DTYPES = (torch.float32, torch.bfloat16)
@@ -43,10 +43,10 @@ registry.register(
 )
 
 
-_router_op = define(OP, "Tensor hidden_states, Tensor router_weights")
+_op = Op(OP, "Tensor hidden_states, Tensor router_weights")
 
 
-def validate(hidden_states, router_weights, out_dtype, output) -> tuple[int, int]:
+def validate(hidden_states, router_weights, out_dtype, output) -> tuple[tuple[int, int], torch.dtype]:
     v.tensor("hidden_states", hidden_states)
     v.tensor("router_weights", router_weights)
     v.rank("hidden_states", hidden_states, 2, "(M, K)")
@@ -65,15 +65,12 @@ def validate(hidden_states, router_weights, out_dtype, output) -> tuple[int, int
     v.same_device("router_weights", router_weights, hidden_states.device, "hidden_states")
     if output is not None:
         v.output("output", output, (m, e), out_dtype, hidden_states.device)
-    return m, e
+    return (m, e), out_dtype
 
 
 def dsv3_router_gemm(hidden_states: torch.Tensor, router_weights: torch.Tensor,
                      out_dtype: torch.dtype = torch.bfloat16, output: torch.Tensor | None = None, *,
                      backend: str | None = None) -> torch.Tensor:
     """MoE router logits: ``hidden_states @ router_weights.T`` with fp32 accumulation."""
-    m, e = validate(hidden_states, router_weights, out_dtype, output)
-    if output is None:
-        output = torch.empty((m, e), dtype=out_dtype, device=hidden_states.device)
-    _router_op(output, hidden_states, router_weights, backend)
-    return output
+    return _op(lambda: validate(hidden_states, router_weights, out_dtype, output), backend, output,
+               (hidden_states, router_weights), out_dtype)
