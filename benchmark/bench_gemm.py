@@ -31,12 +31,14 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import harness as H  # noqa: E402
 import slim_kernel as sk  # noqa: E402
 from slim_kernel.backends import jit as jb  # noqa: E402
 
+import harness as H  # noqa: E402
+
 K = 7168
 FUSED_N = 2112
+DEVICE = "cuda"
 OPS = {"router": jb.ROUTER, "fused_a": jb.FUSED_A}
 # Designs compared in one GPU run (cold); the defaults are in jb.DEFAULT_RULES.
 BUILTIN_VARIANTS = [
@@ -149,8 +151,8 @@ def run_main(report, case, ms, gen):
     """Anchors and the default JIT kernel, cold and hot, for every M."""
     n, k = case.weight.shape
     for m in ms:
-        x = torch.randn(m, k, generator=gen, device="cuda").to(torch.bfloat16)
-        out = torch.empty(m, n, device="cuda", dtype=case.out_dtype)
+        x = torch.randn(m, k, generator=gen, device=DEVICE).to(torch.bfloat16)
+        out = torch.empty(m, n, device=DEVICE, dtype=case.out_dtype)
         impls = case.make_impls(x, out)
         for cache, ws in case.copies.items():
             row = H.Row(op=case.op, shape={**case.shape, "m": m}, cache=cache,
@@ -169,8 +171,8 @@ def run_variants(report, case, ms, gen, variants):
     if not mine:
         return
     for m in ms:
-        x = torch.randn(m, k, generator=gen, device="cuda").to(torch.bfloat16)
-        out = torch.empty(m, n, device="cuda", dtype=case.out_dtype)
+        x = torch.randn(m, k, generator=gen, device=DEVICE).to(torch.bfloat16)
+        out = torch.empty(m, n, device=DEVICE, dtype=case.out_dtype)
         make = case.make_impls(x, out)["jit"]
         row = case.rows[(m, "cold")]
         for label, op, rules in mine:
@@ -215,6 +217,20 @@ def resource_notes(report) -> None:
         report.notes.append(f"resource usage unavailable: {exc}")
 
 
+def dry_run() -> None:
+    """Replace every GPU step with a fake, deterministic one (for --dry-run)."""
+    import random
+
+    global DEVICE
+    DEVICE = "cpu"
+    rnd = random.Random(0)
+    H.time_graph = lambda calls, **_: rnd.uniform(1.0, 12.0)
+    H.hbm_read_bandwidth = lambda *a, **k: 4.2e12
+    H.graph_launch_floor = lambda: 1.0
+    H.device_name = lambda: "dry-run"
+    H.L2_ROTATE_BYTES = 8 << 20
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--json", required=True)
@@ -224,8 +240,12 @@ def main(argv=None) -> int:
     ap.add_argument("--variant", action="append", default=None, help="LABEL@OP@RULES (repeatable)")
     ap.add_argument("--no-variants", action="store_true")
     ap.add_argument("--quick", action="store_true", help="M in 1,2,4,8,16 and no bf16 router case")
+    ap.add_argument("--dry-run", action="store_true",
+                    help="CPU, fake timings, nothing executed: checks the report/JSON/PNG/table plumbing")
     args = ap.parse_args(argv)
-    if not torch.cuda.is_available():
+    if args.dry_run:
+        dry_run()
+    elif not torch.cuda.is_available():
         print("bench_gemm: no CUDA device", file=sys.stderr)
         return 2
     env = os.environ.get("SLIM_BENCH_VARIANTS")
@@ -236,17 +256,19 @@ def main(argv=None) -> int:
     pdl_default = jb.PDL
 
     report, t0 = H.start_report()
+    if args.dry_run:
+        report.notes.append("DRY RUN: fake timings, nothing was executed")
     report.notes.append(f"JIT default rules: {jb._RULES}; backend PDL default {'on' if pdl_default else 'off'}")
-    fib = load_flashinfer(report)
-    gen = torch.Generator(device="cuda").manual_seed(0)
+    fib = None if args.dry_run else load_flashinfer(report)
+    gen = torch.Generator(device=DEVICE).manual_seed(0)
     cases = []
     if "router" in ops:
         for e, dt in [(256, torch.float32), (384, torch.float32)] + ([] if args.quick else [(256, torch.bfloat16)]):
-            w = torch.randn(e, K, generator=gen, device="cuda").to(torch.bfloat16)
+            w = torch.randn(e, K, generator=gen, device=DEVICE).to(torch.bfloat16)
             cases.append(Case(jb.ROUTER, {"e": e, "k": K, "out": str(dt).replace("torch.", "")}, w, dt,
                               lambda x, out, e=e, dt=dt: router_impls(fib, e, dt, x, out)))
     if "fused_a" in ops:
-        w = torch.randn(FUSED_N, K, generator=gen, device="cuda").to(torch.bfloat16)
+        w = torch.randn(FUSED_N, K, generator=gen, device=DEVICE).to(torch.bfloat16)
         cases.append(Case(jb.FUSED_A, {"n": FUSED_N, "k": K}, w, torch.bfloat16,
                           lambda x, out: fused_a_impls(fib, x, out)))
     # Phases, JSON written after each: anchors + defaults, then variants, push variants last (a
@@ -260,7 +282,8 @@ def main(argv=None) -> int:
             run_variants(report, case, ms, gen, phase)
         report.to_json(args.json)
     jb.set_pdl(pdl_default)
-    resource_notes(report)
+    if not args.dry_run:
+        resource_notes(report)
     report.notes += check_targets(report)
     report.seconds = time.time() - t0
     report.to_json(args.json)

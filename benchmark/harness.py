@@ -144,7 +144,7 @@ def plot(report: Report, path: str, groups: list[tuple[str, Callable[[Row], bool
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, len(groups), figsize=(5.2 * len(groups), 4.2), squeeze=False)
+    fig, axes = plt.subplots(1, len(groups), figsize=(6 * len(groups), 5), squeeze=False)
     for ax, (title, pred) in zip(axes[0], groups):
         rows = sorted((r for r in report.rows if pred(r) and r.cache == "cold"), key=lambda r: r.shape["m"])
         if not rows:
@@ -153,7 +153,10 @@ def plot(report: Report, path: str, groups: list[tuple[str, Callable[[Row], bool
         for name in impls:
             ys = [r.us.get(name) for r in rows]
             if any(y is not None for y in ys):
-                ax.plot(ms, [float("nan") if y is None else y for y in ys], marker="o", ms=3, label=name)
+                variant = "[" in name  # tile-config variants: thin dashed, behind the main lines
+                ax.plot(ms, [float("nan") if y is None else y for y in ys], marker="" if variant else "o", ms=3,
+                        lw=0.8 if variant else 1.8, ls="--" if variant else "-", alpha=0.7 if variant else 1.0,
+                        label=name)
         ax.plot(ms, [r.hbm_floor_us for r in rows], "k--", lw=1, label="HBM floor")
         ax.plot(ms, [r.launch_floor_us for r in rows], "k:", lw=1, label="graph launch floor")
         ax.plot(ms, [r.hbm_floor_us + r.launch_floor_us for r in rows], "k-.", lw=0.8, label="HBM + launch")
@@ -162,7 +165,7 @@ def plot(report: Report, path: str, groups: list[tuple[str, Callable[[Row], bool
         ax.set_ylabel("us per call (cold, CUDA graph)")
         ax.set_ylim(bottom=0)
         ax.grid(alpha=0.3)
-    axes[0][0].legend(fontsize=7)
+        ax.legend(fontsize=6, ncol=2, loc="upper left")
     fig.suptitle(f"{report.device}: HBM read {report.hbm_read_GBps / 1e3:.2f} TB/s, "
                  f"graph launch floor {report.launch_floor_us:.2f} us", fontsize=9)
     fig.tight_layout()
@@ -180,7 +183,8 @@ def table(report: Report, impls: list[str], ms: tuple[int, ...] = (1, 2, 4, 8, 1
     for r in rows:
         if r.cache != cache or r.shape["m"] not in ms:
             continue
-        case = f"{r.op} " + " ".join(f"{k}={v}" for k, v in r.shape.items() if k != "m")
+        short = r.op.removeprefix("dsv3_").removesuffix("_gemm")
+        case = f"{short} " + " ".join(f"{k}={v}" for k, v in r.shape.items() if k != "m")
         cells = "".join(f"{r.us[c]:>13.2f}" if r.us.get(c) is not None else f"{'-':>13}" for c in cols)
         lines.append(f"{case[:34]:<34}{r.shape['m']:>3} {cells}{r.hbm_floor_us:>11.2f}{r.launch_floor_us:>8.2f}")
     return "\n".join(lines)

@@ -13,11 +13,13 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
-import slim_kernel
 import torch
+
+import slim_kernel
 from slim_kernel.backends import jit as jb
 from slim_kernel.registry import BackendUnavailableError
 
@@ -300,3 +302,22 @@ def test_config_rules_parse_and_reject():
             jb.parse_rules(bad)
     nts = {dict(i.defines)["SK_NT"] for i in jb.all_instances()}
     assert nts == {1, 2}
+
+
+def test_bench_gemm_dry_run(tmp_path):
+    # The benchmark's report plumbing (phases, JSON, PNG, tables) on CPU with fake timings.
+    pytest.importorskip("matplotlib")
+    bench = Path(__file__).resolve().parent.parent / "benchmark" / "bench_gemm.py"
+    out_json, out_png = tmp_path / "b.json", tmp_path / "b.png"
+    proc = subprocess.run([sys.executable, str(bench), "--dry-run", "--quick", "--json", str(out_json),
+                           "--png", str(out_png)], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": os.pathsep.join(
+                              [str(KERNELS.parent.parent.parent), os.environ.get("PYTHONPATH", "")])})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    import json
+
+    data = json.loads(out_json.read_text())
+    assert {r["cache"] for r in data["rows"]} == {"cold", "hot"}
+    assert any(k.startswith("jit[") for r in data["rows"] for k in r["us"])
+    assert out_png.stat().st_size > 10_000
+    assert "us per call" in proc.stdout
