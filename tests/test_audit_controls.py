@@ -8,6 +8,7 @@ import json
 
 import pytest
 from audit_fixtures import GXX, NEUTRAL_CU, NVCC, host_lib, kernels_source, make_wheel, nvcc_fatbin
+
 from slim_kernel.cli import main
 
 needs_gxx = pytest.mark.skipif(GXX is None, reason="g++ not found")

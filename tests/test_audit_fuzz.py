@@ -13,6 +13,7 @@ import pytest
 from audit_fixtures import fatbin_entry, fatbin_header, fatbin_of, tiny_elf
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
 from slim_kernel.audit.device import summarize_cubin
 from slim_kernel.audit.elf import ElfFile
 from slim_kernel.audit.limits import AuditInputError, Limits

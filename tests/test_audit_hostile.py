@@ -20,6 +20,7 @@ from audit_fixtures import (
     symlink_info,
     zip_with_info,
 )
+
 from slim_kernel.audit.limits import HostileArchiveError, Limits
 from slim_kernel.audit.wheel import WheelArchive
 from slim_kernel.cli import main

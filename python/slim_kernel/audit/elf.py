@@ -56,7 +56,7 @@ class ElfFile:
         self.what = what
         self.limits = limits or Limits()
         self.size = len(data)
-        ident = self._read(0, 64 if self.size >= 64 else 52)
+        ident = self._read(0, 16)
         if ident[:4] != ELF_MAGIC:
             raise MalformedBinaryError(f"{what}: not an ELF file")
         cls, enc = ident[4], ident[5]
@@ -65,6 +65,7 @@ class ElfFile:
         self.is64 = cls == 2
         self.endian = "<" if enc == 1 else ">"
         self.osabi, self.abiversion = ident[7], ident[8]
+        ident = self._read(0, 64 if self.is64 else 52)
         if self.is64:
             fields = struct.unpack_from(self.endian + "HHIQQQIHHHHHH", ident, 16)
         else:

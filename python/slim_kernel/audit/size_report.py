@@ -145,7 +145,7 @@ def png(report: dict, path: str) -> None:
         host = max(w["host_native_bytes"] - sum(v["host"] for v in w["per_op"].values()), 0)
         other = max(w["unpacked"] - w["native_bytes"], 0)
         rows.append([retired, device, host, other])
-    fig, ax = plt.subplots(figsize=(9, 1.2 + 0.9 * len(wheels)))
+    fig, ax = plt.subplots(figsize=(10, 1.8 + 0.9 * len(wheels)))
     labels = [_name(w["wheel"]) for w in wheels]
     left = [0.0] * len(wheels)
     for i, (part, color) in enumerate(zip(parts, colors)):
@@ -162,7 +162,7 @@ def png(report: dict, path: str) -> None:
         )
     ax.set_xlabel("MiB unpacked")
     ax.set_xlim(0, max(left) * 1.45 if max(left) else 1)
-    ax.legend(fontsize=7, loc="lower right")
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.45), ncol=4, frameon=False)
     ax.set_title("Wheel size by content", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=120)

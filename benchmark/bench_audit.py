@@ -1,0 +1,205 @@
+"""Large-wheel audit speed: `slim-kernel audit` vs the naive pipeline, side by side in one run.
+
+Naive pipeline (what one would type by hand): `unzip` the wheel to a temp dir, then for every
+native library `nm -DC --defined-only`, `strings` and `cuobjdump -symbols` (pip package
+`nvidia-cuda-cuobjdump`), grepping each output for the retired op names.
+
+    python benchmark/bench_audit.py [--wheel PATH] [--out benchmark/results/audit]
+
+Without --wheel, sgl-kernel 0.3.21 (535 MB, manylinux x86_64 cp310-abi3) is downloaded with
+`pip download` into /tmp/wheels (outside the repository).
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import platform
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+DEFAULT_SPEC = "sgl-kernel==0.3.21"
+OPS = ("bmm_fp8", "dsv3_router_gemm", "dsv3_fused_a_gemm")
+OP_RE = re.compile(r"(?<![A-Za-z0-9])(bmm_fp8|dsv3_router_gemm|dsv3_fused_a_gemm)(?![A-Za-z0-9])")
+
+
+def download(spec: str, dest: Path) -> Path:
+    dest.mkdir(parents=True, exist_ok=True)
+    name = spec.split("==")[0].replace("-", "_")
+    found = sorted(dest.glob(f"{name}-{spec.split('==')[1]}-*.whl"))
+    if found:
+        return found[0]
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--only-binary=:all:",
+            "--platform",
+            "manylinux2014_x86_64",
+            "--python-version",
+            "3.10",
+            spec,
+            "-d",
+            str(dest),
+        ],
+        check=True,
+    )
+    return sorted(dest.glob(f"{name}-*.whl"))[0]
+
+
+def find_cuobjdump() -> str | None:
+    tool = shutil.which("cuobjdump")
+    if tool:
+        return tool
+    import importlib.util
+
+    spec = importlib.util.find_spec("nvidia")
+    for root in list(spec.submodule_search_locations or []) if spec else []:
+        hits = glob.glob(os.path.join(root, "*", "bin", "cuobjdump"))
+        if hits:
+            return hits[0]
+    return None
+
+
+def run_slim(wheel: Path, jobs: int | None) -> dict:
+    cmd = [sys.executable, "-m", "slim_kernel", "audit", "--json", "--no-progress", str(wheel)]
+    if jobs:
+        cmd += ["--jobs", str(jobs)]
+    env = dict(os.environ, PYTHONPATH=str(REPO / "python"))
+    start = time.perf_counter()
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    seconds = time.perf_counter() - start
+    res = json.loads(proc.stdout)
+    per_layer = {}
+    for f in res["findings"]:
+        per_layer.setdefault(f["layer"], set()).add(f["op"])
+    return {
+        "command": " ".join(cmd[1:]).replace(sys.executable, "python"),
+        "exit_code": proc.returncode,
+        "wall_seconds": round(seconds, 2),
+        "reported_seconds": res["seconds"],
+        "ops_found": res["ops_found"],
+        "findings": len(res["findings"]),
+        "ops_per_layer": {k: sorted(v) for k, v in sorted(per_layer.items())},
+        "findings_per_layer": {k: v["findings"] for k, v in res["layers"].items()},
+        "routed_mentions": sum(r["count"] for r in res["routed"]),
+    }
+
+
+def _grep(text: str) -> set[str]:
+    return set(OP_RE.findall(text))
+
+
+def run_naive(wheel: Path, cuobjdump: str | None) -> dict:
+    stages = {"unzip": 0.0, "nm -DC": 0.0, "strings": 0.0, "cuobjdump -symbols": 0.0}
+    found: dict[str, set[str]] = {k: set() for k in stages}
+    with tempfile.TemporaryDirectory(prefix="naive-audit-") as tmp:
+        t = time.perf_counter()
+        subprocess.run(["unzip", "-q", str(wheel), "-d", tmp], check=True)
+        stages["unzip"] = time.perf_counter() - t
+        libs = [p for p in Path(tmp).rglob("*") if p.is_file() and _is_elf(p)]
+        for lib in libs:
+            for stage, cmd in (
+                ("nm -DC", ["nm", "-DC", "--defined-only", str(lib)]),
+                ("strings", ["strings", str(lib)]),
+                ("cuobjdump -symbols", [cuobjdump, "-symbols", str(lib)] if cuobjdump else None),
+            ):
+                if cmd is None:
+                    continue
+                t = time.perf_counter()
+                out = subprocess.run(cmd, capture_output=True, text=True, errors="replace").stdout
+                stages[stage] += time.perf_counter() - t
+                found[stage] |= _grep(out)
+    return {
+        "native_files": len(libs),
+        "stage_seconds": {k: round(v, 2) for k, v in stages.items()},
+        "wall_seconds": round(sum(stages.values()), 2),
+        "ops_per_stage": {k: sorted(v) for k, v in found.items()},
+        "ops_found": sorted(set().union(*found.values())),
+        "cuobjdump": cuobjdump or "not found",
+    }
+
+
+def _is_elf(path: Path) -> bool:
+    with open(path, "rb") as f:
+        return f.read(4) == b"\x7fELF"
+
+
+def markdown(result: dict) -> str:
+    s, n = result["slim_kernel"], result["naive"]
+    lines = [
+        "# Audit speed on a large AOT kernel wheel",
+        "",
+        f"Wheel: `{result['wheel']}` ({result['wheel_bytes'] / 1e6:,.0f} MB file, {result['cpus']} CPUs: {result['cpu']})",
+        "",
+        f"Command: `{result['command']}`",
+        "",
+        "| pipeline | wall s | ops found |",
+        "|---|---:|---|",
+        f"| `slim-kernel audit` | {s['wall_seconds']:.1f} | {', '.join(s['ops_found'])} |",
+        f"| naive (unzip, nm -DC, strings, cuobjdump -symbols) | {n['wall_seconds']:.1f} | {', '.join(n['ops_found'])} |",
+        "",
+        f"Speed-up: {result['speedup']:.1f}x",
+        "",
+        "Naive stages (s): " + ", ".join(f"{k} {v}" for k, v in n["stage_seconds"].items()),
+        "",
+        "Findings per layer (slim-kernel audit): "
+        + ", ".join(f"{k} {v}" for k, v in s["findings_per_layer"].items() if v),
+        "",
+        "Ops per layer: " + "; ".join(f"{k}: {', '.join(v)}" for k, v in s["ops_per_layer"].items()),
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--wheel", type=Path, help=f"wheel to audit (default: download {DEFAULT_SPEC})")
+    p.add_argument("--download-dir", type=Path, default=Path("/tmp/wheels"))
+    p.add_argument("--out", type=Path, default=REPO / "benchmark" / "results" / "audit")
+    p.add_argument("--jobs", type=int, default=None)
+    p.add_argument("--skip-naive", action="store_true")
+    args = p.parse_args(argv)
+    wheel = args.wheel or download(DEFAULT_SPEC, args.download_dir)
+    slim = run_slim(wheel, args.jobs)
+    print(f"slim-kernel audit: {slim['wall_seconds']} s, ops {slim['ops_found']}", flush=True)
+    naive = None if args.skip_naive else run_naive(wheel, find_cuobjdump())
+    if naive:
+        print(f"naive pipeline: {naive['wall_seconds']} s, ops {naive['ops_found']}", flush=True)
+    cpu = next(
+        (ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name")), ""
+    )
+    result = {
+        "command": "python benchmark/bench_audit.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "wheel": wheel.name,
+        "wheel_bytes": wheel.stat().st_size,
+        "cpus": os.cpu_count(),
+        "cpu": cpu,
+        "python": platform.python_version(),
+        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "slim_kernel": slim,
+        "naive": naive,
+        "speedup": round(naive["wall_seconds"] / slim["wall_seconds"], 2) if naive else None,
+    }
+    args.out.mkdir(parents=True, exist_ok=True)
+    stem = wheel.name.split("-")[0] + "-" + wheel.name.split("-")[1]
+    (args.out / f"{stem}.json").write_text(json.dumps(result, indent=2) + "\n")
+    if naive:
+        (args.out / f"{stem}.md").write_text(markdown(result))
+    print(f"wrote {args.out / (stem + '.json')}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

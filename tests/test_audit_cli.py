@@ -1,0 +1,178 @@
+"""Audit CLI contract, rules, the parallel path, the bounded-memory spill path, and that the
+audit/size commands never import torch."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from audit_fixtures import GXX, fatbin_of, host_lib, make_wheel, tiny_elf
+
+from slim_kernel.audit import runner
+from slim_kernel.audit.limits import Limits
+from slim_kernel.audit.rules import Rules, parse_retired
+from slim_kernel.audit.scan import ScanContext, scan_member
+from slim_kernel.cli import main
+
+REPO = Path(__file__).resolve().parents[1]
+TU = "_ZN51_INTERNAL_1a2b3c4d_19_dsv3_router_gemm_cu_5e6f7a8b7counterE"
+
+
+# -- rules ----------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "text, ops",
+    [
+        ("dsv3_router_gemm(at::Tensor&, at::Tensor const&, at::Tensor const&)", ["dsv3_router_gemm"]),
+        ("flashinfer::bmm_fp8::CuBlasLtMatrixLayout::setAttribute<int>", ["bmm_fp8"]),
+        (
+            "_INTERNAL_418098ff_29_dsv3_router_gemm_float_out_cu_daf3352a_4790::thrust::seq",
+            ["dsv3_router_gemm"],
+        ),
+        ("dsv3_fused_a_gemm.cu", ["dsv3_fused_a_gemm"]),
+        ("dsv4_router_gemm(Tensor! output, Tensor mat_a, Tensor mat_b) -> ()", []),
+        ("xbmm_fp8 bmm_fp8x mybmm_fp8", []),
+        ("_Z16dsv3_router_gemmRN2at6TensorE", []),  # mangled: must be demangled first
+        ("dsv3_topk_kernel<4>", ["dsv3_topk_kernel"]),  # any other dsv3_* op
+        ("my_dsv3_router_gemm_v2 dsv3_topk", ["dsv3_router_gemm", "dsv3_topk"]),
+    ],
+)
+def test_rule_matching(text, ops):
+    assert Rules().match(text) == ops
+
+
+def test_schema_and_retired_parsing():
+    rules = Rules()
+    assert (
+        rules.schema_op("dsv3_router_gemm(Tensor! output, Tensor mat_a, Tensor mat_b) -> ()")
+        == "dsv3_router_gemm"
+    )
+    assert rules.schema_op("sgl_kernel::bmm_fp8.out(Tensor A) -> Tensor") == "bmm_fp8"
+    assert rules.schema_op("dsv3_foo(Tensor x) -> ()") == "dsv3_foo"
+    assert rules.schema_op("bmm_fp8(at::Tensor, at::Tensor)::<lambda()>") is None
+    assert parse_retired(None) == ("bmm_fp8", "dsv3_router_gemm", "dsv3_fused_a_gemm", "dsv3_*")
+    assert parse_retired(["a_op,b_*", "c"]) == ("a_op", "b_*", "c")
+    with pytest.raises(ValueError, match="--retired"):
+        parse_retired(["*"])
+    custom = Rules(parse_retired(["dsv4_*"]))
+    assert custom.match("dsv4_router_gemm dsv3_router_gemm") == ["dsv4_router_gemm"]
+
+
+# -- contract -------------------------------------------------------------------------------
+def _synthetic_wheel(path: Path, build: Path) -> Path:
+    cubin = tiny_elf(["gemm_kernel"], extra_symbols=[TU])
+    lib = host_lib(
+        build,
+        "ops",
+        exported=["dsv3_router_gemm"],
+        schemas=["dsv3_router_gemm"],
+        fatbin=fatbin_of([(cubin, 90, 0x100011), (cubin, 100, 0x1100011)]),
+        strip=True,
+    )
+    return make_wheel(
+        path, {"pkg/_ops.so": lib.read_bytes(), "pkg/__init__.py": b"from ._ops import bmm_fp8\n"}
+    )
+
+
+@pytest.mark.skipif(GXX is None, reason="g++ not found")
+def test_json_contract_and_human_report(tmp_path, capsys):
+    wheel = _synthetic_wheel(tmp_path / "w.whl", tmp_path / "b")
+    assert main(["audit", "--json", "--no-progress", str(wheel)]) == 1
+    res = json.loads(capsys.readouterr().out)
+    assert {"wheel", "clean", "ops_found", "findings", "seconds"} <= set(res)
+    assert res["wheel"] == str(wheel) and res["clean"] is False and isinstance(res["seconds"], float)
+    assert res["ops_found"] == ["dsv3_router_gemm"]
+    for f in res["findings"]:
+        assert {"op", "member", "layer", "evidence"} <= set(f) and f["member"] == "pkg/_ops.so"
+    assert {f["layer"] for f in res["findings"]} == {
+        "elf-dynsym",
+        "rodata-schema",
+        "fatbin-tu",
+        "fatbin-kernel",
+    }
+    tu = [f for f in res["findings"] if f["layer"] == "fatbin-tu"]
+    assert tu[0]["evidence"] == "translation unit dsv3_router_gemm.cu" and tu[0]["archs"] == [
+        "sm_100a",
+        "sm_90a",
+    ]
+    assert res["routed"] == [
+        {
+            "op": "bmm_fp8",
+            "member": "pkg/__init__.py",
+            "kind": "python",
+            "count": 1,
+            "evidence": ["from ._ops import bmm_fp8"],
+        }
+    ]
+    assert main(["audit", "--no-progress", str(wheel)]) == 1
+    text = capsys.readouterr().out
+    assert "RETIRED AOT CODE FOUND: dsv3_router_gemm" in text
+    assert "rodata-schema" in text and "2 cubins" in text and "info (routed, not AOT code)" in text
+
+
+@pytest.mark.skipif(GXX is None, reason="g++ not found")
+def test_pool_path_matches_in_process(tmp_path, monkeypatch):
+    wheels = tmp_path / "w.whl"
+    _synthetic_wheel(wheels, tmp_path / "b")
+    ctx = ScanContext(Rules(), Limits())
+    serial = runner.scan_wheel(str(wheels), ctx, jobs=1, progress=False)
+    monkeypatch.setattr(runner, "POOL_THRESHOLD", 0)
+    monkeypatch.setattr(runner, "BIG_MEMBER", 1)  # every member its own task
+    pooled = runner.scan_wheel(str(wheels), ctx, jobs=2, progress=False)
+    key = lambda s: [(s.member, h.op, h.layer, h.evidence, h.arch) for h in s.hits]  # noqa: E731
+    assert [key(s) for s in pooled.scans] == [key(s) for s in serial.scans] and serial.scans[0].hits
+
+
+@pytest.mark.skipif(GXX is None, reason="g++ not found")
+def test_retained_bytes_spill_to_private_file(tmp_path):
+    """Above the memory cap, retained ELF bytes go to a temp file: same result either way."""
+    lib = host_lib(
+        tmp_path,
+        "big",
+        exported=["bmm_fp8"],
+        schemas=["bmm_fp8"],
+        fatbin=fatbin_of([(tiny_elf(["bmm_fp8_kernel"]), 90, 0x11)]),
+        strip=True,
+    ).read_bytes()
+
+    def hits(limits):
+        scan = scan_member(io.BytesIO(lib), "x.so", len(lib), len(lib), ScanContext(Rules(), limits))
+        return sorted((h.layer, h.evidence) for h in scan.hits)
+
+    assert hits(Limits(retained_in_memory=1024)) == hits(Limits()) != []
+
+
+def test_progress_bar_on_stderr(tmp_path, capsys):
+    wheel = make_wheel(tmp_path / "p.whl", {"pkg/a.py": b"x = 1\n" * 1000})
+    assert main(["audit", "--progress", str(wheel)]) == 0
+    assert "audit p.whl" in capsys.readouterr().err
+
+
+def test_bad_jobs_argument(capsys):
+    assert main(["audit", "--jobs", "0", "x.whl"]) == 2
+    assert "--jobs" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", [["audit"], ["size", "--budget", "1MB"]])
+def test_cli_does_not_import_torch(tmp_path, command):
+    wheel = make_wheel(tmp_path / "t.whl", {"pkg/a.py": b"x = 1\n"})
+    code = (
+        "import sys; from slim_kernel.cli import main; "
+        f"rc = main({command[:1] + [str(wheel)] + command[1:] + ['--no-progress']!r}); "
+        "assert 'torch' not in sys.modules, 'torch imported'; sys.exit(rc)"
+    )
+    env = dict(os.environ, PYTHONPATH=str(REPO / "python"))
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert proc.returncode == 0, proc.stderr
+    proc = subprocess.run(
+        [sys.executable, "-m", "slim_kernel", *command[:1], str(wheel)],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert ("CLEAN" if command == ["audit"] else "t.whl:") in proc.stdout
