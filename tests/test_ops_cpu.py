@@ -169,5 +169,6 @@ def test_torch_compile_fullgraph_matches_eager(gen):
     assert explanation.graph_break_count == 0, explanation.break_reasons
     compiled = torch.compile(model, fullgraph=True, backend="inductor")
     got = compiled(*args)
-    for e, g in zip(eager, got):
-        torch.testing.assert_close(g, e, rtol=0, atol=0)
+    torch.testing.assert_close(got[0], eager[0])  # inductor may reorder the scalar sum
+    for e, g in zip(eager[1:], got[1:]):
+        torch.testing.assert_close(g, e, rtol=0, atol=0)  # the ops themselves: bit-identical
