@@ -27,7 +27,6 @@ import time
 from pathlib import Path
 
 import torch
-
 from slim_kernel import jit
 from slim_kernel.jit import cache, runtime
 from slim_kernel.jit.spec import KernelInstance
@@ -85,9 +84,11 @@ def launch_overheads(src_dir: Path, n: int, dev: int) -> dict:
         launch(grid, block, args, stream=stream)
         torch.cuda.synchronize()
         assert torch.allclose(out.float(), ref, atol=1e-2, rtol=1e-2), f"{name} launcher computed a wrong sum"
-        rows[f"{name} (prebuilt args)"] = host_us(lambda: launch(grid, block, args, stream=stream))
+        rows[f"{name} (prebuilt args)"] = host_us(
+            lambda launch=launch, args=args, stream=stream: launch(grid, block, args, stream=stream))
         rows[f"{name} (args from tensors)"] = host_us(
-            lambda: launch(grid, block, (x.data_ptr(), y.data_ptr(), out.data_ptr(), n), stream=raw_stream(dev)))
+            lambda launch=launch: launch(grid, block, (x.data_ptr(), y.data_ptr(), out.data_ptr(), n),
+                                         stream=raw_stream(dev)))
     return rows
 
 

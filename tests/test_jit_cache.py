@@ -14,7 +14,6 @@ import warnings
 from pathlib import Path
 
 import pytest
-
 from jit_fixtures import instances as fx
 from slim_kernel.jit import cache, compiler
 from slim_kernel.jit.spec import KernelInstance

@@ -4,7 +4,6 @@ within the resource limits its source declares; arch names; compiler selection a
 from __future__ import annotations
 
 import pytest
-
 from jit_fixtures import instances as fx
 from slim_kernel.jit import cache, compiler
 from slim_kernel.jit.arch import arch_for_capability, normalize_arch, sm_version

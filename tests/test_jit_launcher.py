@@ -19,7 +19,6 @@ import zipfile
 from pathlib import Path
 
 import pytest
-
 from jit_fixtures import instances as fx
 from slim_kernel.jit import _pylauncher, runtime
 

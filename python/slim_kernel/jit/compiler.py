@@ -286,7 +286,7 @@ def requested_compiler() -> str | None:
     return value
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _make(name: str) -> Compiler:
     return _CLASSES[name]()
 
