@@ -32,7 +32,7 @@ def _flashinfer_check(output, mat_a, mat_b) -> str | None:
 registry.register(
     KernelSpec(OP, KernelBackend.JIT, "slim_kernel.backends.jit:dsv3_fused_a_gemm",
                min_sm=(9, 0), check=_jit.fused_a_check, probe=_jit.probe,
-               note="first for M<=16 (swap-AB mma, cp.async ring, split-K over warps and a cluster)"),
+               note="first for M<=16, any N, K%8 (swap-AB mma, cluster split-K); H200 timing pending"),
     KernelSpec(OP, KernelBackend.FLASHINFER, "slim_kernel.backends.flashinfer:dsv3_fused_a_gemm",
                min_sm=(9, 0), check=_flashinfer_check, probe=flashinfer_probe,
                note="tinygemm_bf16(mat_a, mat_b.T)"),

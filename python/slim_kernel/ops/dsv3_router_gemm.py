@@ -34,7 +34,7 @@ def _flashinfer_check(output, hidden_states, router_weights) -> str | None:
 registry.register(
     KernelSpec(OP, KernelBackend.JIT, "slim_kernel.backends.jit:dsv3_router_gemm",
                min_sm=(9, 0), check=_jit.router_check, probe=_jit.probe,
-               note="first for M<=16 (split-K cluster swap-AB mma; no slower than flashinfer on H200)"),
+               note="first for M<=16, any E, K%8 (swap-AB mma, cluster split-K); H200 timing pending"),
     KernelSpec(OP, KernelBackend.FLASHINFER, "slim_kernel.backends.flashinfer:dsv3_router_gemm",
                min_sm=(9, 0), max_sm=(10, 7), check=_flashinfer_check, probe=flashinfer_probe,
                note="mm_M1_16_K7168_N256/N384 (+_bf16)"),
