@@ -286,27 +286,17 @@ class Kernel {
     void* params[kMaxArgs + 1];
     pack_args(signature_, args.ptr(), slots, params);
     Driver& d = driver();
-    if (smem > kDefaultSmemLimit && smem > smem_limit_) {
-      check(d.cuFuncSetAttribute(func_, kFuncMaxDynamicSharedSizeBytes, static_cast<int>(smem)),
-            ("cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES=" + std::to_string(smem) + ") for " + entry_).c_str());
-      smem_limit_ = smem;
-    }
     LaunchAttribute attrs[2];
     std::memset(attrs, 0, sizeof attrs);
     unsigned n_attrs = 0;
+    unsigned c[3] = {1, 1, 1};
     if (pdl) {
       attrs[n_attrs].id = kAttrProgrammaticStreamSerialization;
       attrs[n_attrs].value.programmaticStreamSerializationAllowed = 1;
       ++n_attrs;
     }
     if (!cluster.is_none()) {
-      unsigned c[3];
       parse_dim3(cluster.ptr(), "cluster", c);
-      if (c[0] * c[1] * c[2] > 8 && !non_portable_cluster_) {
-        check(d.cuFuncSetAttribute(func_, kFuncNonPortableClusterSizeAllowed, 1),
-              "cuFuncSetAttribute(NON_PORTABLE_CLUSTER_SIZE_ALLOWED)");
-        non_portable_cluster_ = true;
-      }
       attrs[n_attrs].id = kAttrClusterDimension;
       attrs[n_attrs].value.clusterDim = {c[0], c[1], c[2]};
       ++n_attrs;
@@ -316,6 +306,16 @@ class Kernel {
     CUresult r;
     {
       ContextScope scope(d, ctx_);
+      if (smem > kDefaultSmemLimit && smem > smem_limit_) {  // once per new high-water mark
+        check(d.cuFuncSetAttribute(func_, kFuncMaxDynamicSharedSizeBytes, static_cast<int>(smem)),
+              ("cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES=" + std::to_string(smem) + ") for " + entry_).c_str());
+        smem_limit_ = smem;
+      }
+      if (c[0] * c[1] * c[2] > 8 && !non_portable_cluster_) {
+        check(d.cuFuncSetAttribute(func_, kFuncNonPortableClusterSizeAllowed, 1),
+              "cuFuncSetAttribute(NON_PORTABLE_CLUSTER_SIZE_ALLOWED)");
+        non_portable_cluster_ = true;
+      }
       r = d.cuLaunchKernelEx(&cfg, func_, params, nullptr);
     }
     if (r != 0)
@@ -328,6 +328,7 @@ class Kernel {
 
   int attribute(int attr) {
     Driver& d = driver();
+    ContextScope scope(d, ctx_);
     int value = 0;
     check(d.cuFuncGetAttribute(&value, attr, func_), "cuFuncGetAttribute");
     return value;

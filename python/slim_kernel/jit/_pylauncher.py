@@ -125,7 +125,8 @@ class Kernel:
 
     def attribute(self, attr: int) -> int:
         cu = self._cu
-        return _check(cu, cu.cuFuncGetAttribute(cu.CUfunction_attribute(attr), self._func), "cuFuncGetAttribute")
+        with _ContextScope(cu, self._ctx):
+            return _check(cu, cu.cuFuncGetAttribute(cu.CUfunction_attribute(attr), self._func), "cuFuncGetAttribute")
 
     def launch(self, grid, block, args, *, stream: int, smem: int = 0, pdl: bool = False, cluster=None) -> None:
         cu = self._cu
@@ -134,11 +135,7 @@ class Kernel:
         storage = ctypes.create_string_buffer(blob, max(len(blob), 8))
         base = ctypes.addressof(storage)
         params = (ctypes.c_void_p * max(self._n, 1))(*[base + 8 * i for i in range(self._n)])
-        if smem > DEFAULT_SMEM_LIMIT and smem > self._smem_limit:
-            _check(cu, cu.cuFuncSetAttribute(
-                self._func, cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem),
-                f"cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES={smem}) for {self.entry}")
-            self._smem_limit = smem
+        c = (1, 1, 1)
         cfg = cu.CUlaunchConfig()
         cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ = g
         cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ = b
@@ -152,11 +149,6 @@ class Kernel:
             attrs.append(a)
         if cluster is not None:
             c = _dim3(cluster, "cluster")
-            if c[0] * c[1] * c[2] > 8 and not self._non_portable:
-                _check(cu, cu.cuFuncSetAttribute(
-                    self._func, cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1),
-                    "cuFuncSetAttribute(NON_PORTABLE_CLUSTER_SIZE_ALLOWED)")
-                self._non_portable = True
             a = cu.CUlaunchAttribute()
             a.id = cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
             a.value.clusterDim.x, a.value.clusterDim.y, a.value.clusterDim.z = c
@@ -164,6 +156,16 @@ class Kernel:
         cfg.attrs = attrs
         cfg.numAttrs = len(attrs)
         with _ContextScope(cu, self._ctx):
+            if smem > DEFAULT_SMEM_LIMIT and smem > self._smem_limit:  # once per new high-water mark
+                _check(cu, cu.cuFuncSetAttribute(
+                    self._func, cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem),
+                    f"cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES={smem}) for {self.entry}")
+                self._smem_limit = smem
+            if c[0] * c[1] * c[2] > 8 and not self._non_portable:
+                _check(cu, cu.cuFuncSetAttribute(
+                    self._func, cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1),
+                    "cuFuncSetAttribute(NON_PORTABLE_CLUSTER_SIZE_ALLOWED)")
+                self._non_portable = True
             (err,) = cu.cuLaunchKernelEx(cfg, self._func, ctypes.addressof(params), 0)
         if err != cu.CUresult.CUDA_SUCCESS:
             raise RuntimeError(f"slim_kernel: launch of {self.entry} (grid={g}, block={b}, smem={smem}"
