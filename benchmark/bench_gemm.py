@@ -147,9 +147,44 @@ def _fmt(row) -> str:
     return ", ".join(f"{a}={b:.2f}" if b is not None else f"{a}=failed" for a, b in row.us.items())
 
 
+CHECK_MS = (1, 5, 8, 9, 16)
+
+
+def check_config(report, case, gen, label, rules=None) -> bool:
+    """Relative error of the JIT kernel (these rules, or the defaults) vs float64 at a few M;
+    recorded in report.checks, a WRONG note when over the tests' tolerance. Returns ok."""
+    if DEVICE == "cpu":
+        return True
+    n, k = case.weight.shape
+    saved = jb._RULES[case.op]
+    worst = 0.0
+    try:
+        if rules is not None:
+            jb.set_config(case.op, rules)
+        for m in CHECK_MS:
+            x = torch.randn(m, k, generator=gen, device=DEVICE).to(torch.bfloat16)
+            out = torch.full((m, n), float("nan"), device=DEVICE, dtype=case.out_dtype)
+            fn = jb.dsv3_router_gemm if case.op == jb.ROUTER else jb.dsv3_fused_a_gemm
+            fn(out, x, case.weight if case.op == jb.ROUTER else case.weight.t())
+            ref = x.double() @ case.weight.double().t()
+            err = ((out.double() - ref).norm() / ref.norm()).item()
+            worst = max(worst, err if err == err else float("inf"))
+    except RuntimeError as exc:
+        report.notes.append(f"WRONG {case.op} {case.shape} [{label}]: failed: {exc}")
+        return False
+    finally:
+        jb.set_config(case.op, saved)
+    tol = 1e-5 if case.out_dtype == torch.float32 else 5e-3
+    report.checks[f"{case.op} {case.shape} [{label}]"] = worst
+    if worst > tol:
+        report.notes.append(f"WRONG {case.op} {case.shape} [{label}]: relative error {worst:.3g} > {tol}")
+    return worst <= tol
+
+
 def run_main(report, case, ms, gen):
     """Anchors and the default JIT kernel, cold and hot, for every M."""
     n, k = case.weight.shape
+    check_config(report, case, gen, "default")
     for m in ms:
         x = torch.randn(m, k, generator=gen, device=DEVICE).to(torch.bfloat16)
         out = torch.empty(m, n, device=DEVICE, dtype=case.out_dtype)
@@ -167,7 +202,7 @@ def run_main(report, case, ms, gen):
 def run_variants(report, case, ms, gen, variants):
     """JIT tile-config variants (cold), added to the rows run_main made."""
     n, k = case.weight.shape
-    mine = [v for v in variants if v[1] == case.op]
+    mine = [v for v in variants if v[1] == case.op and check_config(report, case, gen, v[0], v[2])]
     if not mine:
         return
     for m in ms:
@@ -294,6 +329,10 @@ def main(argv=None) -> int:
         groups.append((f"fused_a N={FUSED_N} K={K}", lambda r: r.op == jb.FUSED_A))
         groups = [g for g in groups if any(g[1](r) for r in report.rows)]
         H.plot(report, args.png, groups, impls)
+    print("\ncorrectness vs float64 (max relative error over M in "
+          f"{','.join(map(str, CHECK_MS))}; tolerance fp32 1e-5, bf16 5e-3):")
+    for what, err in report.checks.items():
+        print(f"  {err:9.2e}  {what}")
     print()
     print("\n".join(report.notes))
     print(f"\n{report.device}: HBM read {report.hbm_read_GBps:.0f} GB/s, graph launch floor "

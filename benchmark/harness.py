@@ -113,6 +113,7 @@ class Report:
     launch_floor_us: float
     rows: list[Row] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    checks: dict[str, float] = field(default_factory=dict)  # "what" -> relative error vs float64
     seconds: float = 0.0
 
     def add(self, row: Row) -> Row:
