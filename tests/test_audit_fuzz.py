@@ -103,6 +103,35 @@ def test_fuzz_all_readers_long(request):
     _fuzz_all_readers_long()
 
 
+WHEEL = None
+
+
+def _wheel_seed() -> bytes:
+    global WHEEL
+    if WHEEL is None:
+        import tempfile
+
+        from audit_fixtures import make_wheel
+
+        with tempfile.TemporaryDirectory() as tmp:
+            path = make_wheel(Path(tmp) / "f.whl", {"pkg/k.fatbin": FATBIN, "pkg/a.py": b"import bmm_fp8\n"})
+            WHEEL = path.read_bytes()
+    return WHEEL
+
+
+@FAST
+@given(st.data())
+def test_fuzz_whole_wheel(tmp_path_factory, data):
+    """Corrupted archives: the audit answers 0, 1 or 2, never crashes."""
+    from slim_kernel.audit.cli import audit_one
+
+    blob = data.draw(mutated(_wheel_seed()))
+    path = tmp_path_factory.mktemp("fz") / "f.whl"
+    path.write_bytes(blob)
+    _, rc = audit_one(str(path), CTX, jobs=1, progress=False)
+    assert rc in (0, 1, 2)
+
+
 def test_seeds_are_meaningful():
     """The fuzz seeds parse and carry the retired names (so mutations start from real structure)."""
     scan = _scan("pkg/_ops.so")(HOST_WITH_FATBIN)

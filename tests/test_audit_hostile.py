@@ -21,6 +21,7 @@ from audit_fixtures import (
     zip_with_info,
 )
 
+from slim_kernel.audit import wheel as wheel_mod
 from slim_kernel.audit.limits import HostileArchiveError, Limits
 from slim_kernel.audit.wheel import WheelArchive
 from slim_kernel.cli import main
@@ -56,10 +57,46 @@ def test_zip_bomb_absolute_limits(tmp_path):
         WheelArchive(wheel, Limits(max_total_unpacked=5 << 20))
 
 
-def test_data_expanding_past_declared_size(tmp_path, capsys):
-    """zipfile stops at the declared size; the CRC then fails: no unbounded read."""
+@pytest.fixture(params=["isal", "zipfile"])
+def inflater(request, monkeypatch):
+    """Run a test with the ISA-L inflater (when installed) and with plain zipfile."""
+    if request.param == "zipfile":
+        monkeypatch.setattr(wheel_mod, "_fast_inflater", lambda: None)
+    elif wheel_mod._fast_inflater() is None:
+        pytest.skip("isal not installed")
+    return request.param
+
+
+def test_data_expanding_past_declared_size(tmp_path, capsys, inflater):
+    """Reading stops at the declared size and the member is refused: no unbounded read."""
     wheel = lying_size_zip(tmp_path / "lie.whl", "pkg/a.py", b"x = 1\n" * 100_000, declared=1000)
     refused(capsys, wheel, "pkg/a.py", "corrupt")
+
+
+def test_bad_crc_and_short_data(tmp_path, capsys, inflater):
+    data = os.urandom(50_000)
+    wheel = make_wheel(tmp_path / "crc.whl", {"pkg/data.bin": data})
+    raw = bytearray(wheel.read_bytes())
+    at = raw.find(b"pkg/data.bin") + len("pkg/data.bin") + 2000  # inside the member's deflate data
+    raw[at] ^= 0xFF
+    wheel.write_bytes(bytes(raw))
+    refused(capsys, wheel, "pkg/data.bin")
+    short = lying_size_zip(tmp_path / "short.whl", "pkg/a.py", b"x = 1\n" * 100, declared=100_000)
+    refused(capsys, short, "pkg/a.py")
+
+
+def test_inflaters_agree(tmp_path, monkeypatch, capsys):
+    if wheel_mod._fast_inflater() is None:
+        pytest.skip("isal not installed")
+    wheel = make_wheel(
+        tmp_path / "same.whl", {"pkg/a.py": b"import bmm_fp8\n" * 50_000, "pkg/b.bin": os.urandom(1 << 20)}
+    )
+    main(["audit", "--json", "--no-progress", str(wheel)])
+    fast = json.loads(capsys.readouterr().out)
+    monkeypatch.setattr(wheel_mod, "_fast_inflater", lambda: None)
+    main(["audit", "--json", "--no-progress", str(wheel)])
+    slow = json.loads(capsys.readouterr().out)
+    assert fast["routed"] == slow["routed"] and fast["routed"][0]["count"] == 50_000
 
 
 @pytest.mark.parametrize("name", ["../evil.py", "pkg/../../evil.py", "/etc/evil.py", "C:/evil.py"])

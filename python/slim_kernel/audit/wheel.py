@@ -10,8 +10,10 @@ path traversal / absolute names, symlink members and duplicate names are refused
 
 from __future__ import annotations
 
+import io
 import os
 import stat
+import struct
 import zipfile
 import zlib
 from dataclasses import dataclass
@@ -65,7 +67,14 @@ class WheelArchive:
             raise AuditInputError(f"wheel path is a directory, expected a .whl file: {self.path}")
         try:
             self._zip = zipfile.ZipFile(self.path)
-        except zipfile.BadZipFile as exc:
+        except (
+            zipfile.BadZipFile,
+            ValueError,
+            struct.error,
+            EOFError,
+            OverflowError,
+            NotImplementedError,
+        ) as exc:
             raise AuditInputError(f"not a zip archive (a wheel is a zip file): {self.path}: {exc}") from None
         except OSError as exc:
             raise AuditInputError(f"cannot read wheel {self.path}: {exc}") from None
@@ -128,10 +137,17 @@ class WheelArchive:
                 )
 
     def open(self, name: str):
-        """Forward-only stream of a member's bytes; errors become `AuditInputError`."""
+        """Forward-only stream of a member's bytes; errors become `AuditInputError`.
+
+        Deflated members are inflated with ISA-L (`isal`, about twice as fast as zlib) when it
+        is installed, with the same size and CRC checks as zipfile; otherwise zipfile reads."""
         try:
+            info = self._zip.getinfo(name)
+            inflater = _fast_inflater()
+            if inflater is not None and info.compress_type == zipfile.ZIP_DEFLATED:
+                return _InflatedMember(self.path, info, inflater)
             return self._zip.open(name)
-        except (zipfile.BadZipFile, NotImplementedError, OSError, RuntimeError) as exc:
+        except (zipfile.BadZipFile, NotImplementedError, OSError, RuntimeError, KeyError) as exc:
             raise AuditInputError(f"cannot read member {name!r}: {exc}") from None
 
     def read_head(self, name: str, n: int) -> bytes:
@@ -158,3 +174,95 @@ def read_member(f, n: int, name: str) -> bytes:
         return f.read(n)
     except (zipfile.BadZipFile, zlib.error, EOFError, OSError, ValueError) as exc:
         raise AuditInputError(f"member {name!r} is corrupt: {exc}") from None
+
+
+def _fast_inflater():
+    """`isal.isal_zlib` when installed (optional speed-up), else None."""
+    try:
+        from isal import isal_zlib
+    except ImportError:
+        return None
+    return isal_zlib
+
+
+class _InflatedMember(io.RawIOBase):
+    """Raw-deflate stream of one member, read straight from the archive file.
+
+    Output is bounded by the declared size (data that expands further is refused, like a
+    short or corrupt stream), and the CRC-32 is checked at the end, as zipfile does."""
+
+    IN_CHUNK = 1 << 20
+
+    def __init__(self, path: str, info: zipfile.ZipInfo, lib):
+        self._name = info.filename
+        self._f = open(path, "rb")
+        try:
+            self._f.seek(info.header_offset)
+            head = self._f.read(_ZIP_LOCAL_HEADER)
+            if len(head) != _ZIP_LOCAL_HEADER or head[:4] != b"PK\x03\x04":
+                raise zipfile.BadZipFile(f"bad local header for {info.filename!r}")
+            n, m = struct.unpack_from("<HH", head, 26)
+            start = info.header_offset + _ZIP_LOCAL_HEADER + n + m
+            if start + info.compress_size > os.fstat(self._f.fileno()).st_size:
+                raise zipfile.BadZipFile(f"member {info.filename!r} runs past the end of the archive")
+            self._f.seek(start)
+        except BaseException:
+            self._f.close()
+            raise
+        self._lib = lib
+        self._d = lib.decompressobj(-15)
+        self._in_left = info.compress_size
+        self._out_left = info.file_size
+        self._crc_expected = info.CRC
+        self._crc = 0
+        self._tail = b""
+
+    def readable(self) -> bool:
+        return True
+
+    def _corrupt(self, why: str):
+        return zipfile.BadZipFile(f"member {self._name!r}: {why}")
+
+    def read(self, n: int = -1) -> bytes:
+        if n is None or n < 0:
+            n = self._out_left
+        n = min(n, self._out_left)
+        parts, got = [], 0
+        while got < n:
+            if not self._tail:
+                if not self._in_left:
+                    raise self._corrupt("compressed data ends before the declared size")
+                self._tail = self._f.read(min(self.IN_CHUNK, self._in_left))
+                if not self._tail:
+                    raise self._corrupt("archive truncated")
+                self._in_left -= len(self._tail)
+            try:
+                out = self._d.decompress(self._tail, n - got)
+            except self._lib.error as exc:
+                raise self._corrupt(f"invalid deflate data ({exc})") from None
+            self._tail = self._d.unconsumed_tail
+            if self._d.eof and not out and got < n:
+                raise self._corrupt("deflate stream ends before the declared size")
+            parts.append(out)
+            got += len(out)
+        data = b"".join(parts)
+        self._crc = self._lib.crc32(data, self._crc)
+        self._out_left -= len(data)
+        if self._out_left == 0:
+            self._finish()
+        return data
+
+    def _finish(self) -> None:
+        rest = self._tail + self._f.read(min(self._in_left, 1 << 16))
+        try:
+            more = bool(rest) and not self._d.eof and self._d.decompress(rest, 1)
+        except self._lib.error:
+            more = False  # trailing garbage after the declared size: the CRC decides
+        if more:
+            raise self._corrupt("data expands past its declared size")
+        if self._crc != self._crc_expected:
+            raise self._corrupt("bad CRC-32")
+
+    def close(self) -> None:
+        self._f.close()
+        super().close()
