@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 from jit_fixtures import instances as fx
+
 from slim_kernel.jit import cache, compiler
 from slim_kernel.jit.spec import KernelInstance
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 from jit_fixtures import instances as fx
+
 from slim_kernel.jit import cache, compiler
 from slim_kernel.jit.arch import arch_for_capability, normalize_arch, sm_version
 from slim_kernel.jit.resources import check_limits, cubin_sm, parse_ptxas_log

@@ -10,6 +10,7 @@ import threading
 import pytest
 import torch
 from jit_fixtures import instances as fx
+
 from slim_kernel import jit
 from slim_kernel.jit import runtime
 

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 from jit_fixtures import instances as fx
+
 from slim_kernel.jit import _pylauncher, runtime
 
 REPO = Path(__file__).resolve().parents[1]
@@ -144,9 +145,15 @@ def _probe(site: Path) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+@pytest.fixture(scope="module")
+def native_build(tmp_path_factory):
+    """The native wheel, built once for this module, and the dir it is installed in."""
+    return _build_and_install(tmp_path_factory.mktemp("native"), "ON")
+
+
 @pytest.mark.slow
-def test_native_build_imports_without_gpu_and_links_no_torch(tmp_path):
-    wheel, site = _build_and_install(tmp_path, "ON")
+def test_native_build_imports_without_gpu_and_links_no_torch(native_build):
+    wheel, site = native_build
     names = zipfile.ZipFile(wheel).namelist()
     natives = [n for n in names if n.startswith("slim_kernel/_native") and n.endswith(".so")]
     assert len(natives) == 1, names
@@ -176,3 +183,118 @@ def test_native_off_build_is_pure_and_falls_back(tmp_path):
     report = _probe(site)
     assert report["launcher"] == "python" and report["native_file"] is None
     assert report["info"]["launcher"].startswith("python (cuda-python fallback")
+
+
+# ---- both launchers against a fake driver -------------------------------------------------
+
+@pytest.fixture(scope="module")
+def fake_driver(tmp_path_factory):
+    """A fake libcuda.so.1 (tests/jit_fixtures/fake_libcuda.c) in a directory for LD_LIBRARY_PATH."""
+    cc = shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
+    if cc is None:
+        pytest.skip("no C compiler for the fake driver")
+    out = tmp_path_factory.mktemp("fake_cuda")
+    subprocess.run([cc, "-shared", "-fPIC", "-O1", "-o", str(out / "libcuda.so.1"),
+                    str(fx.HERE / "fake_libcuda.c"), "-Wl,-soname,libcuda.so.1"], check=True)
+    return out
+
+
+_FAKE_RUN = textwrap.dedent("""
+    import ctypes, json, sys, threading
+    sys.path.insert(0, sys.argv[2])
+    from jit_fixtures import instances as fx
+    from slim_kernel import jit
+    from slim_kernel.jit import runtime
+    runtime.arch_for_device = lambda index: "sm_90a"   # no torch.cuda here
+    fake = ctypes.CDLL("libcuda.so.1")
+    fake.fake_last_launch.restype = ctypes.c_char_p
+    last = lambda: json.loads(fake.fake_last_launch())
+    out = {"available": jit.available()}
+    for name in sys.argv[1].split(","):
+        r = out[name] = {}
+        k = jit.get_kernel(fx.axpby(), 0, launcher=name)
+        r["memoized"] = jit.get_kernel(fx.axpby(), 0, launcher=name) is k
+        fake.fake_set_nparams(6)
+        k.launch((3, 1, 1), (256, 1, 1), (0x1000, 0x2000, 0x3000, 12345, 1.5, -7), stream=0xABC)
+        r["plain"] = last()
+        k.launch((4, 2, 1), (128, 1, 1), (1, 2, 3, -(1 << 40), -0.5, 1), stream=0, pdl=True, cluster=(2, 1, 1))
+        r["pdl_cluster"] = last()
+        errors = []
+        t = threading.Thread(target=lambda: (k.launch(5, 64, (1, 2, 3, 4, 1.0, 2), stream=7), errors.append(None)))
+        t.start(); t.join()
+        r["thread_ok"] = errors == [None]
+        r["thread"] = last()
+        # the context already current (as torch leaves it): no push/pop around the launch
+        ctx = ctypes.c_void_p()
+        fake.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), 0)
+        fake.cuCtxPushCurrent_v2(ctx)
+        k.launch((1, 1, 1), (32, 1, 1), (9, 9, 9, 9, 9.0, 9), stream=3)
+        r["depth_with_current"] = fake.fake_ctx_depth()
+        fake.cuCtxPopCurrent_v2(None)
+        s = jit.get_kernel(fx.smem_cluster(), 0, launcher=name)
+        fake.fake_set_nparams(3)
+        s.launch((8, 1, 1), (256, 1, 1), (5, 6, 25600), stream=1, smem=100 * 1024)
+        r["smem"] = last()
+        r["smem_limit"] = s.impl.smem_limit
+        r["smem_attr"] = s.impl.attribute(8)
+        try:
+            k.launch((1, 1, 1), (2048, 1, 1), (1, 2, 3, 4, 1.0, 1), stream=0)
+        except RuntimeError as exc:
+            r["bad_block"] = str(exc)
+        try:
+            jit.get_kernel(fx.axpby(bias=9), 5, launcher=name)
+        except RuntimeError as exc:
+            r["bad_device"] = str(exc)
+        k1 = jit.get_kernel(fx.axpby(), 1, launcher=name)
+        fake.fake_set_nparams(6)
+        k1.launch((1, 1, 1), (32, 1, 1), (1, 2, 3, 4, 1.0, 1), stream=11)
+        r["device1"] = last()
+        r["depth_after"] = fake.fake_ctx_depth()
+    out["launches"] = fake.fake_launch_count()
+    print(json.dumps(out))
+""")
+
+
+def _run_fake(fake_driver: Path, pythonpath: Path, launchers: str) -> dict:
+    env = {k: v for k, v in os.environ.items() if k not in ("SLIM_KERNEL_LAUNCHER",)}
+    env.update(LD_LIBRARY_PATH=str(fake_driver), PYTHONPATH=str(pythonpath))
+    proc = subprocess.run([sys.executable, "-c", _FAKE_RUN, launchers, str(REPO / "tests")],
+                          capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def _check_fake_launches(r: dict) -> None:
+    assert r["memoized"]
+    assert r["plain"] == {"entry": "fixture_axpby", "grid": [3, 1, 1], "block": [256, 1, 1], "smem": 0,
+                          "stream": 0xABC, "attrs": [],
+                          "params": ["0000000000001000", "0000000000002000", "0000000000003000",
+                                     "0000000000003039", "000000003fc00000", "00000000fffffff9"]}
+    assert r["pdl_cluster"]["attrs"] == [[6, 1], [4, 2, 1, 1]]
+    assert r["pdl_cluster"]["grid"] == [4, 2, 1] and r["pdl_cluster"]["stream"] == 0
+    assert r["pdl_cluster"]["params"][3:5] == ["ffffff0000000000", "00000000bf000000"]
+    assert r["thread_ok"] and r["thread"]["grid"] == [5, 1, 1] and r["thread"]["block"] == [64, 1, 1]
+    assert r["depth_with_current"] == 1
+    assert r["smem"]["smem"] == 100 * 1024 and r["smem_limit"] == 100 * 1024 and r["smem_attr"] == 100 * 1024
+    assert r["smem"]["params"] == ["0000000000000005", "0000000000000006", "0000000000006400"]
+    assert "launch of fixture_axpby" in r["bad_block"] and "CUDA_ERROR_INVALID_VALUE" in r["bad_block"]
+    assert "CUDA_ERROR_INVALID_DEVICE" in r["bad_device"]
+    assert r["device1"]["stream"] == 11
+    assert r["depth_after"] == 0, "a launcher left a context pushed"
+
+
+def test_python_launcher_against_fake_driver(fake_driver):
+    report = _run_fake(fake_driver, REPO / "python", "python")
+    assert report["available"] is None
+    _check_fake_launches(report["python"])
+
+
+@pytest.mark.slow
+def test_native_launcher_against_fake_driver(fake_driver, native_build):
+    _, site = native_build
+    report = _run_fake(fake_driver, site, "native,python")
+    assert report["available"] is None
+    _check_fake_launches(report["native"])
+    _check_fake_launches(report["python"])
+    for key in ("plain", "pdl_cluster", "thread", "smem", "device1"):
+        assert report["native"][key] == report["python"][key], key

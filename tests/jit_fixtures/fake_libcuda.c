@@ -1,0 +1,207 @@
+// A fake CUDA driver (libcuda.so.1) for CPU tests of the launchers: it implements the few entry
+// points the native launcher and cuda-python's launch path use, checks the rules a real driver
+// enforces that a launcher can get wrong (a context must be current, the function's context must
+// be the current one, block size limits, attribute values), and records the last launch so a
+// test can compare what both launchers handed to cuLaunchKernelEx.
+//
+//   cc -shared -fPIC -o libcuda.so.1 fake_libcuda.c -Wl,-soname,libcuda.so.1
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+
+typedef int CUresult;
+typedef void* CUcontext;
+typedef struct {
+  CUcontext ctx;
+  char name[128];
+} FakeFunc;
+
+typedef struct {
+  int id;
+  char pad[4];
+  union {
+    char raw[64];
+    void* align;
+    struct {
+      unsigned x, y, z;
+    } clusterDim;
+    int programmaticStreamSerializationAllowed;
+  } value;
+} LaunchAttribute;
+
+typedef struct {
+  unsigned gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, sharedMemBytes;
+  void* hStream;
+  LaunchAttribute* attrs;
+  unsigned numAttrs;
+} LaunchConfig;
+
+enum { OK = 0, INVALID_VALUE = 1, NOT_INITIALIZED = 3, INVALID_DEVICE = 101, INVALID_IMAGE = 200,
+       INVALID_CONTEXT = 201, NOT_FOUND = 500 };
+
+static int g_initialized;
+static __thread CUcontext t_stack[16];
+static __thread int t_depth;
+static char g_contexts[2];  // two fake devices; a context is the address of one of these
+static FakeFunc g_funcs[64];
+static int g_nfuncs;
+static int g_nparams = 0;
+static char g_last[4096];
+static int g_smem_attr[64];
+static int g_launches;
+
+static CUcontext current(void) { return t_depth ? t_stack[t_depth - 1] : NULL; }
+
+void fake_set_nparams(int n) { g_nparams = n; }
+const char* fake_last_launch(void) { return g_last; }
+int fake_launch_count(void) { return g_launches; }
+int fake_ctx_depth(void) { return t_depth; }
+
+CUresult cuInit(unsigned flags) { (void)flags; g_initialized = 1; return OK; }
+CUresult cuDriverGetVersion(int* v) { *v = 13000; return OK; }
+CUresult cuGetErrorName(CUresult r, const char** s) {
+  switch (r) {
+    case OK: *s = "CUDA_SUCCESS"; return OK;
+    case INVALID_VALUE: *s = "CUDA_ERROR_INVALID_VALUE"; return OK;
+    case NOT_INITIALIZED: *s = "CUDA_ERROR_NOT_INITIALIZED"; return OK;
+    case INVALID_DEVICE: *s = "CUDA_ERROR_INVALID_DEVICE"; return OK;
+    case INVALID_IMAGE: *s = "CUDA_ERROR_INVALID_IMAGE"; return OK;
+    case INVALID_CONTEXT: *s = "CUDA_ERROR_INVALID_CONTEXT"; return OK;
+    default: *s = NULL; return INVALID_VALUE;
+  }
+}
+CUresult cuGetErrorString(CUresult r, const char** s) {
+  *s = r == INVALID_CONTEXT ? "invalid device context" : r == INVALID_VALUE ? "invalid argument" : "fake error";
+  return OK;
+}
+CUresult cuDeviceGet(int* dev, int ordinal) {
+  if (!g_initialized) return NOT_INITIALIZED;
+  if (ordinal < 0 || ordinal > 1) return INVALID_DEVICE;
+  *dev = ordinal;
+  return OK;
+}
+CUresult cuDevicePrimaryCtxRetain(CUcontext* ctx, int dev) {
+  if (dev < 0 || dev > 1) return INVALID_DEVICE;
+  *ctx = &g_contexts[dev];
+  return OK;
+}
+CUresult cuCtxGetCurrent(CUcontext* ctx) { *ctx = current(); return OK; }
+CUresult cuCtxPushCurrent_v2(CUcontext ctx) {
+  if (t_depth == 16) return INVALID_VALUE;
+  t_stack[t_depth++] = ctx;
+  return OK;
+}
+CUresult cuCtxPopCurrent_v2(CUcontext* ctx) {
+  if (!t_depth) return INVALID_CONTEXT;
+  CUcontext c = t_stack[--t_depth];
+  if (ctx) *ctx = c;
+  return OK;
+}
+CUresult cuModuleLoadData(void** mod, const void* image) {
+  if (!current()) return INVALID_CONTEXT;
+  if (memcmp(image, "\x7f" "ELF", 4) != 0) return INVALID_IMAGE;
+  *mod = current();  // the "module" remembers its context
+  return OK;
+}
+CUresult cuModuleGetFunction(void** fn, void* mod, const char* name) {
+  if (!current() || current() != mod) return INVALID_CONTEXT;
+  if (g_nfuncs == 64) return INVALID_VALUE;
+  FakeFunc* f = &g_funcs[g_nfuncs++];
+  f->ctx = mod;
+  snprintf(f->name, sizeof f->name, "%s", name);
+  *fn = f;
+  return OK;
+}
+CUresult cuFuncSetAttribute(void* fn, int attr, int value) {
+  FakeFunc* f = fn;
+  if (current() != f->ctx) return INVALID_CONTEXT;
+  if (attr == 8) {  // MAX_DYNAMIC_SHARED_SIZE_BYTES
+    if (value > 227 * 1024) return INVALID_VALUE;
+    g_smem_attr[f - g_funcs] = value;
+  }
+  return OK;
+}
+CUresult cuFuncGetAttribute(int* value, int attr, void* fn) {
+  FakeFunc* f = fn;
+  if (current() != f->ctx) return INVALID_CONTEXT;
+  *value = attr == 8 ? g_smem_attr[f - g_funcs] : 0;
+  return OK;
+}
+CUresult cuLaunchKernelEx(const LaunchConfig* cfg, void* fn, void** params, void** extra) {
+  FakeFunc* f = fn;
+  if (current() != f->ctx) return INVALID_CONTEXT;
+  if (extra) return INVALID_VALUE;
+  if ((unsigned long long)cfg->blockDimX * cfg->blockDimY * cfg->blockDimZ > 1024) return INVALID_VALUE;
+  unsigned limit = g_smem_attr[f - g_funcs] > 48 * 1024 ? (unsigned)g_smem_attr[f - g_funcs] : 48 * 1024;
+  if (cfg->sharedMemBytes > limit) return INVALID_VALUE;
+  int n = snprintf(g_last, sizeof g_last,
+                   "{\"entry\": \"%s\", \"grid\": [%u, %u, %u], \"block\": [%u, %u, %u], \"smem\": %u, "
+                   "\"stream\": %llu, \"attrs\": [",
+                   f->name, cfg->gridDimX, cfg->gridDimY, cfg->gridDimZ, cfg->blockDimX, cfg->blockDimY,
+                   cfg->blockDimZ, cfg->sharedMemBytes, (unsigned long long)(uintptr_t)cfg->hStream);
+  for (unsigned i = 0; i < cfg->numAttrs; ++i) {
+    const LaunchAttribute* a = &cfg->attrs[i];
+    if (a->id == 4)
+      n += snprintf(g_last + n, sizeof g_last - n, "%s[4, %u, %u, %u]", i ? ", " : "", a->value.clusterDim.x,
+                    a->value.clusterDim.y, a->value.clusterDim.z);
+    else
+      n += snprintf(g_last + n, sizeof g_last - n, "%s[%d, %d]", i ? ", " : "", a->id,
+                    a->value.programmaticStreamSerializationAllowed);
+  }
+  n += snprintf(g_last + n, sizeof g_last - n, "], \"params\": [");
+  for (int i = 0; i < g_nparams; ++i) {
+    unsigned long long v;
+    memcpy(&v, params[i], 8);  // the launchers keep 8-byte slots; the kernel reads its own size
+    n += snprintf(g_last + n, sizeof g_last - n, "%s\"%016llx\"", i ? ", " : "", v);
+  }
+  snprintf(g_last + n, sizeof g_last - n, "]}");
+  ++g_launches;
+  return OK;
+}
+
+// libnvrtc looks this up when a driver is present; "no export tables here" keeps it on its own.
+CUresult cuGetExportTable(const void** table, const void* uuid) {
+  (void)uuid;
+  *table = NULL;
+  return NOT_FOUND;
+}
+
+// cuda-python resolves every driver entry point through cuGetProcAddress.
+typedef struct {
+  const char* name;
+  void* fn;
+} Entry;
+static const Entry kEntries[] = {
+    {"cuInit", (void*)cuInit},
+    {"cuDriverGetVersion", (void*)cuDriverGetVersion},
+    {"cuGetErrorName", (void*)cuGetErrorName},
+    {"cuGetErrorString", (void*)cuGetErrorString},
+    {"cuDeviceGet", (void*)cuDeviceGet},
+    {"cuDevicePrimaryCtxRetain", (void*)cuDevicePrimaryCtxRetain},
+    {"cuCtxGetCurrent", (void*)cuCtxGetCurrent},
+    {"cuCtxPushCurrent", (void*)cuCtxPushCurrent_v2},
+    {"cuCtxPopCurrent", (void*)cuCtxPopCurrent_v2},
+    {"cuModuleLoadData", (void*)cuModuleLoadData},
+    {"cuModuleGetFunction", (void*)cuModuleGetFunction},
+    {"cuFuncSetAttribute", (void*)cuFuncSetAttribute},
+    {"cuFuncGetAttribute", (void*)cuFuncGetAttribute},
+    {"cuLaunchKernelEx", (void*)cuLaunchKernelEx},
+};
+
+CUresult cuGetProcAddress_v2(const char* symbol, void** pfn, int version, unsigned long long flags, int* status) {
+  (void)version;
+  (void)flags;
+  for (size_t i = 0; i < sizeof kEntries / sizeof kEntries[0]; ++i) {
+    if (strcmp(symbol, kEntries[i].name) == 0) {
+      *pfn = kEntries[i].fn;
+      if (status) *status = 0;
+      return OK;
+    }
+  }
+  *pfn = NULL;
+  if (status) *status = 1;  // CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND
+  return NOT_FOUND;
+}
+CUresult cuGetProcAddress(const char* symbol, void** pfn, int version, unsigned long long flags) {
+  return cuGetProcAddress_v2(symbol, pfn, version, flags, NULL);
+}
