@@ -294,6 +294,8 @@ def main(argv=None) -> int:
     if args.dry_run:
         report.notes.append("DRY RUN: fake timings, nothing was executed")
     report.notes.append(f"JIT default rules: {jb._RULES}; backend PDL default {'on' if pdl_default else 'off'}")
+    report.notes.append("torch = F.linear(x, W) (bf16 out, cuBLAS); jit_op = public op, backend='jit'; "
+                        "jit = backend function; *_pdl = launched with PDL")
     fib = None if args.dry_run else load_flashinfer(report)
     gen = torch.Generator(device=DEVICE).manual_seed(0)
     cases = []
