@@ -219,6 +219,12 @@ _FAKE_RUN = textwrap.dedent("""
         r["plain"] = last()
         k.launch((4, 2, 1), (128, 1, 1), (1, 2, 3, -(1 << 40), -0.5, 1), stream=0, pdl=True, cluster=(2, 1, 1))
         r["pdl_cluster"] = last()
+        k.launch([2, 1, 1], [32], (1, 2, 3, 4, 1.0, 1), stream=0)  # lists and short dims
+        r["lists"] = last()
+        try:
+            k.launch((1,), (32,), (1.5, 2, 3, 4, 1.0, 1), stream=0)
+        except TypeError as exc:
+            r["bad_arg"] = str(exc)
         errors = []
         t = threading.Thread(target=lambda: (k.launch(5, 64, (1, 2, 3, 4, 1.0, 2), stream=7), errors.append(None)))
         t.start(); t.join()
@@ -273,6 +279,8 @@ def _check_fake_launches(r: dict) -> None:
     assert r["pdl_cluster"]["attrs"] == [[6, 1], [4, 2, 1, 1]]
     assert r["pdl_cluster"]["grid"] == [4, 2, 1] and r["pdl_cluster"]["stream"] == 0
     assert r["pdl_cluster"]["params"][3:5] == ["ffffff0000000000", "00000000bf000000"]
+    assert r["lists"]["grid"] == [2, 1, 1] and r["lists"]["block"] == [32, 1, 1]
+    assert "argument 0" in r["bad_arg"] and "device pointer" in r["bad_arg"]
     assert r["thread_ok"] and r["thread"]["grid"] == [5, 1, 1] and r["thread"]["block"] == [64, 1, 1]
     assert r["depth_with_current"] == 1
     assert r["smem"]["smem"] == 100 * 1024 and r["smem_limit"] == 100 * 1024 and r["smem_attr"] == 100 * 1024
@@ -296,5 +304,5 @@ def test_native_launcher_against_fake_driver(fake_driver, native_build):
     assert report["available"] is None
     _check_fake_launches(report["native"])
     _check_fake_launches(report["python"])
-    for key in ("plain", "pdl_cluster", "thread", "smem", "device1"):
+    for key in ("plain", "pdl_cluster", "lists", "thread", "smem", "device1"):
         assert report["native"][key] == report["python"][key], key

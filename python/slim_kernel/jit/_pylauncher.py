@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ctypes
 import struct
+import threading
 
 DEFAULT_SMEM_LIMIT = 48 * 1024
 _SLOT = {"p": "Q", "i": "i4x", "l": "q", "f": "f4x"}  # one 8-byte slot per parameter
@@ -111,6 +112,7 @@ class Kernel:
         _check(cu, init, "cuInit")
         dev = _check(cu, cu.cuDeviceGet(device), "cuDeviceGet")
         self._ctx = _check(cu, cu.cuDevicePrimaryCtxRetain(dev), "cuDevicePrimaryCtxRetain")
+        self._ctx_int = int(self._ctx)
         with _ContextScope(cu, self._ctx):
             self._module = _check(cu, cu.cuModuleLoadData(cubin), f"cuModuleLoadData for {entry}")
             self._func = _check(cu, cu.cuModuleGetFunction(self._module, entry.encode()),
@@ -118,6 +120,9 @@ class Kernel:
         self._smem_limit = 0
         self._non_portable = False
         self._n = len(signature)
+        self._fmt = struct.Struct("<" + "".join(_SLOT[c] for c in signature))
+        self._configs: dict = {}  # (grid, block, stream, smem, pdl, cluster) -> CUlaunchConfig
+        self._local = threading.local()  # per-thread parameter block (the driver copies it at launch)
 
     @property
     def smem_limit(self) -> int:
@@ -128,14 +133,35 @@ class Kernel:
         with _ContextScope(cu, self._ctx):
             return _check(cu, cu.cuFuncGetAttribute(cu.CUfunction_attribute(attr), self._func), "cuFuncGetAttribute")
 
-    def launch(self, grid, block, args, *, stream: int, smem: int = 0, pdl: bool = False, cluster=None) -> None:
+    def _params(self):
+        local = self._local
+        try:
+            return local.storage, local.address
+        except AttributeError:
+            local.storage = storage = ctypes.create_string_buffer(max(8 * self._n, 8))
+            base = ctypes.addressof(storage)
+            local.params = (ctypes.c_void_p * max(self._n, 1))(*[base + 8 * i for i in range(self._n)])
+            local.address = ctypes.addressof(local.params)
+            return storage, local.address
+
+    def _config(self, key, grid, block, stream, smem, pdl, cluster):
+        """Build (and cache) the launch config; raise the function's limits the first time needed."""
         cu = self._cu
         g, b = _dim3(grid, "grid"), _dim3(block, "block")
-        blob = pack_args(self.signature, args)
-        storage = ctypes.create_string_buffer(blob, max(len(blob), 8))
-        base = ctypes.addressof(storage)
-        params = (ctypes.c_void_p * max(self._n, 1))(*[base + 8 * i for i in range(self._n)])
-        c = (1, 1, 1)
+        c = _dim3(cluster, "cluster") if cluster is not None else (1, 1, 1)
+        if not isinstance(smem, int) or smem < 0:
+            raise TypeError(f"smem must be a non-negative int, got {smem!r}")
+        with _ContextScope(cu, self._ctx):
+            if smem > DEFAULT_SMEM_LIMIT and smem > self._smem_limit:  # once per new high-water mark
+                _check(cu, cu.cuFuncSetAttribute(
+                    self._func, cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem),
+                    f"cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES={smem}) for {self.entry}")
+                self._smem_limit = smem
+            if c[0] * c[1] * c[2] > 8 and not self._non_portable:
+                _check(cu, cu.cuFuncSetAttribute(
+                    self._func, cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1),
+                    "cuFuncSetAttribute(NON_PORTABLE_CLUSTER_SIZE_ALLOWED)")
+                self._non_portable = True
         cfg = cu.CUlaunchConfig()
         cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ = g
         cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ = b
@@ -148,26 +174,43 @@ class Kernel:
             a.value.programmaticStreamSerializationAllowed = 1
             attrs.append(a)
         if cluster is not None:
-            c = _dim3(cluster, "cluster")
             a = cu.CUlaunchAttribute()
             a.id = cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
             a.value.clusterDim.x, a.value.clusterDim.y, a.value.clusterDim.z = c
             attrs.append(a)
         cfg.attrs = attrs
         cfg.numAttrs = len(attrs)
-        with _ContextScope(cu, self._ctx):
-            if smem > DEFAULT_SMEM_LIMIT and smem > self._smem_limit:  # once per new high-water mark
-                _check(cu, cu.cuFuncSetAttribute(
-                    self._func, cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem),
-                    f"cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES={smem}) for {self.entry}")
-                self._smem_limit = smem
-            if c[0] * c[1] * c[2] > 8 and not self._non_portable:
-                _check(cu, cu.cuFuncSetAttribute(
-                    self._func, cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1),
-                    "cuFuncSetAttribute(NON_PORTABLE_CLUSTER_SIZE_ALLOWED)")
-                self._non_portable = True
-            (err,) = cu.cuLaunchKernelEx(cfg, self._func, ctypes.addressof(params), 0)
+        if key is not None:
+            if len(self._configs) >= 256:
+                self._configs.clear()
+            self._configs[key] = cfg
+        return cfg, g, b
+
+    def launch(self, grid, block, args, *, stream: int, smem: int = 0, pdl: bool = False, cluster=None) -> None:
+        cu = self._cu
+        key = (grid, block, stream, smem, pdl, cluster)
+        try:
+            cfg = self._configs[key]
+        except KeyError:
+            cfg = self._config(key, grid, block, stream, smem, pdl, cluster)[0]
+        except TypeError:  # unhashable (lists): build without caching
+            cfg = self._config(None, grid, block, stream, smem, pdl, cluster)[0]
+        storage, params = self._params()
+        try:
+            if type(args) is not tuple:
+                raise TypeError
+            self._fmt.pack_into(storage, 0, *args)
+        except (struct.error, TypeError):
+            pack_args(self.signature, args)  # raises the error naming the argument
+            raise
+        _, cur = cu.cuCtxGetCurrent()
+        if int(cur) == self._ctx_int:
+            (err,) = cu.cuLaunchKernelEx(cfg, self._func, params, 0)
+        else:
+            with _ContextScope(cu, self._ctx):
+                (err,) = cu.cuLaunchKernelEx(cfg, self._func, params, 0)
         if err != cu.CUresult.CUDA_SUCCESS:
-            raise RuntimeError(f"slim_kernel: launch of {self.entry} (grid={g}, block={b}, smem={smem}"
+            raise RuntimeError(f"slim_kernel: launch of {self.entry} (grid={tuple(grid) if not isinstance(grid, int) else grid}, "
+                               f"block={tuple(block) if not isinstance(block, int) else block}, smem={smem}"
                                f"{', pdl' if pdl else ''}{', cluster' if cluster is not None else ''}) failed: "
                                f"{_name(cu, err)}")
