@@ -198,7 +198,8 @@ except ImportError:  # pragma: no cover - older/newer torch
 def _run(op, output, act, w_ptr, ld_w, n):
     m, k = act.shape
     dev = act.device.index
-    p = plan(op, m, n, k, output.dtype, dev)
+    key = (op, m, n, k, output.dtype, dev)
+    p = _PLANS.get(key) or plan(*key)
     p.launch(p.grid, p.block,
              (act.data_ptr(), w_ptr, output.data_ptr(), m, n, k, act.stride(0) if m > 1 else k, ld_w,
               output.stride(0)),
@@ -240,8 +241,21 @@ def _common_reason(output, act, n) -> str | None:
     return _operand_reason("activation", act, m, k, act.stride(0), act.stride(1))
 
 
+def _fast_ok(output, act, w, n, k, w_row_stride, w_k_stride) -> bool:
+    """The common case in one expression (the per-call check is on the hot path)."""
+    m = act.shape[0]
+    a0, a1 = act.stride()
+    return (m <= MAX_M and not k & 7 and (a1 == 1 or k == 1) and (m == 1 or not a0 & 7)
+            and (w_k_stride == 1 or k == 1) and not w_row_stride & 7
+            and (output.stride(1) == 1 or n == 1) and not (act.data_ptr() | w.data_ptr()) & 15
+            and max(a0, w_row_stride, output.stride(0), n, k) <= _INT32_MAX)
+
+
 def router_check(output, hidden_states, router_weights) -> str | None:
     e, k = router_weights.shape
+    ws = router_weights.stride()
+    if _fast_ok(output, hidden_states, router_weights, e, k, ws[0], ws[1]):
+        return None
     return (_common_reason(output, hidden_states, e)
             or _operand_reason("router_weights", router_weights, e, k, router_weights.stride(0),
                                router_weights.stride(1)))
@@ -249,6 +263,9 @@ def router_check(output, hidden_states, router_weights) -> str | None:
 
 def fused_a_check(output, mat_a, mat_b) -> str | None:
     k, n = mat_b.shape
+    bs = mat_b.stride()
+    if _fast_ok(output, mat_a, mat_b, n, k, bs[1], bs[0]):
+        return None
     return (_common_reason(output, mat_a, n)
             or _operand_reason("mat_b.T", mat_b, n, k, mat_b.stride(1), mat_b.stride(0)))
 
