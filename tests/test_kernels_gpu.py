@@ -341,3 +341,29 @@ def test_bench_gemm_dry_run(tmp_path):
     assert any(k.startswith("jit[") for r in data["rows"] for k in r["us"])
     assert out_png.stat().st_size > 10_000
     assert "us per call" in proc.stdout
+
+
+def test_fast_eligibility_check_agrees_with_the_detailed_one():
+    # The hot-path check must accept exactly what the detailed (reason-giving) check accepts.
+    big = torch.randn(20, 7300).to(torch.bfloat16)
+    seen = 0
+    for m in (1, 3, 16, 17):
+        for k in (8, 7000, 7004, 7168):
+            for offset in (0, 1, 8):
+                for row_stride in (7168, 7176, 7300):
+                    if offset + (m - 1) * row_stride + k > big.numel():
+                        continue
+                    act = big.as_strided((m, k), (row_stride, 1), offset)
+                    w = torch.randn(256, k).to(torch.bfloat16)
+                    out = torch.empty(m, 256)
+                    wt = torch.randn(256, k).to(torch.bfloat16).t()
+                    outb = torch.empty(m, 256, dtype=torch.bfloat16)
+                    detailed_r = jb._common_reason(out, act, 256) or jb._operand_reason(
+                        "w", w, 256, k, w.stride(0), w.stride(1))
+                    detailed_f = jb._common_reason(outb, act, 256) or jb._operand_reason(
+                        "w", wt, 256, k, wt.stride(1), wt.stride(0))
+                    assert (jb.router_check(out, act, w) is None) == (detailed_r is None), (m, k, offset, row_stride)
+                    assert (jb.fused_a_check(outb, act, wt) is None) == (detailed_f is None)
+                    seen += detailed_r is None
+    assert seen > 10
+    assert "outside" in jb.router_check(torch.empty(17, 256), big[:17, :7168], torch.randn(256, 7168).bfloat16())
