@@ -167,12 +167,19 @@ class NvrtcCompiler(Compiler):
         size = real.stat().st_size if real.is_file() else 0
         # nvrtcVersion() has no patch level; the library's file name and size stand in for it.
         self._version = f"{major}.{minor} ({real.name}, {size} bytes)"
+        self._major_minor = (major, minor)
         self.library = path
 
     def _bindings(self):
         if self._nvrtc is None:
             from cuda.bindings import nvrtc
 
+            _, major, minor = nvrtc.nvrtcVersion()
+            if (major, minor) != self._major_minor:  # cuda.pathfinder found another libnvrtc than we did
+                raise CompilerUnavailableError(
+                    f"cuda.bindings loaded NVRTC {major}.{minor} but {self.library} is "
+                    f"{self._major_minor[0]}.{self._major_minor[1]}; keep one NVRTC installed or force "
+                    f"{ENV_COMPILER}=nvcc")
             self._nvrtc = nvrtc
         return self._nvrtc
 
