@@ -14,11 +14,14 @@ from __future__ import annotations
 
 import argparse
 import glob
+import importlib.util
 import json
 import os
 import platform
 import re
+import resource
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -62,8 +65,6 @@ def find_cuobjdump() -> str | None:
     tool = shutil.which("cuobjdump")
     if tool:
         return tool
-    import importlib.util
-
     spec = importlib.util.find_spec("nvidia")
     for root in list(spec.submodule_search_locations or []) if spec else []:
         hits = glob.glob(os.path.join(root, "*", "bin", "cuobjdump"))
@@ -72,14 +73,19 @@ def find_cuobjdump() -> str | None:
     return None
 
 
-def run_slim(wheel: Path, jobs: int | None) -> dict:
+def run_slim(wheel: Path, jobs: int | None, repeat: int) -> dict:
     cmd = [sys.executable, "-m", "slim_kernel", "audit", "--json", "--no-progress", str(wheel)]
     if jobs:
         cmd += ["--jobs", str(jobs)]
     env = dict(os.environ, PYTHONPATH=str(REPO / "python"))
-    start = time.perf_counter()
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
-    seconds = time.perf_counter() - start
+    runs, loads = [], []
+    for _ in range(repeat):
+        loads.append(round(os.getloadavg()[0], 2))
+        start = time.perf_counter()
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+        runs.append(round(time.perf_counter() - start, 2))
+    seconds = statistics.median(runs)
+    peak_rss = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024
     res = json.loads(proc.stdout)
     per_layer = {}
     for f in res["findings"]:
@@ -88,6 +94,10 @@ def run_slim(wheel: Path, jobs: int | None) -> dict:
         "command": " ".join(cmd[1:]).replace(sys.executable, "python"),
         "exit_code": proc.returncode,
         "wall_seconds": round(seconds, 2),
+        "runs_seconds": runs,
+        "load_average_before_runs": loads,
+        "peak_rss_bytes_largest_process": peak_rss,
+        "isal_inflate": importlib.util.find_spec("isal") is not None,
         "reported_seconds": res["seconds"],
         "ops_found": res["ops_found"],
         "findings": len(res["findings"]),
@@ -102,6 +112,7 @@ def _grep(text: str) -> set[str]:
 
 
 def run_naive(wheel: Path, cuobjdump: str | None) -> dict:
+    load = round(os.getloadavg()[0], 2)
     stages = {"unzip": 0.0, "nm -DC": 0.0, "strings": 0.0, "cuobjdump -symbols": 0.0}
     found: dict[str, set[str]] = {k: set() for k in stages}
     with tempfile.TemporaryDirectory(prefix="naive-audit-") as tmp:
@@ -122,6 +133,7 @@ def run_naive(wheel: Path, cuobjdump: str | None) -> dict:
                 stages[stage] += time.perf_counter() - t
                 found[stage] |= _grep(out)
     return {
+        "load_average_before": load,
         "native_files": len(libs),
         "stage_seconds": {k: round(v, 2) for k, v in stages.items()},
         "wall_seconds": round(sum(stages.values()), 2),
@@ -147,10 +159,14 @@ def markdown(result: dict) -> str:
         "",
         "| pipeline | wall s | ops found |",
         "|---|---:|---|",
-        f"| `slim-kernel audit` | {s['wall_seconds']:.1f} | {', '.join(s['ops_found'])} |",
+        f"| `slim-kernel audit` (median of runs {s['runs_seconds']}) | {s['wall_seconds']:.1f} "
+        f"| {', '.join(s['ops_found'])} |",
         f"| naive (unzip, nm -DC, strings, cuobjdump -symbols) | {n['wall_seconds']:.1f} | {', '.join(n['ops_found'])} |",
         "",
-        f"Speed-up: {result['speedup']:.1f}x",
+        f"Speed-up: {result['speedup']:.1f}x. Peak RSS of the largest audit process: "
+        f"{s['peak_rss_bytes_largest_process'] / 2**20:,.0f} MiB; ISA-L inflate: {s['isal_inflate']}. "
+        f"Load average before the runs: {s['load_average_before_runs']} (audit), "
+        f"{n['load_average_before']} (naive; other work shared this 2-core machine).",
         "",
         "Naive stages (s): " + ", ".join(f"{k} {v}" for k, v in n["stage_seconds"].items()),
         "",
@@ -170,9 +186,10 @@ def main(argv=None) -> int:
     p.add_argument("--out", type=Path, default=REPO / "benchmark" / "results" / "audit")
     p.add_argument("--jobs", type=int, default=None)
     p.add_argument("--skip-naive", action="store_true")
+    p.add_argument("--repeat", type=int, default=3, help="slim-kernel audit runs (median reported)")
     args = p.parse_args(argv)
     wheel = args.wheel or download(DEFAULT_SPEC, args.download_dir)
-    slim = run_slim(wheel, args.jobs)
+    slim = run_slim(wheel, args.jobs, args.repeat)
     print(f"slim-kernel audit: {slim['wall_seconds']} s, ops {slim['ops_found']}", flush=True)
     naive = None if args.skip_naive else run_naive(wheel, find_cuobjdump())
     if naive:

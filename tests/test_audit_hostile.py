@@ -83,6 +83,10 @@ def test_bad_crc_and_short_data(tmp_path, capsys, inflater):
     refused(capsys, wheel, "pkg/data.bin")
     short = lying_size_zip(tmp_path / "short.whl", "pkg/a.py", b"x = 1\n" * 100, declared=100_000)
     refused(capsys, short, "pkg/a.py")
+    stored = lying_size_zip(
+        tmp_path / "stored.whl", "pkg/a.py", b"x = 1\n" * 100, 100_000, zipfile.ZIP_STORED
+    )
+    refused(capsys, stored, "pkg/a.py", "stored member")
 
 
 def test_inflaters_agree(tmp_path, monkeypatch, capsys):

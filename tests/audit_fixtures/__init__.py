@@ -158,10 +158,12 @@ def make_wheel(
 
 
 # -- hostile archives ----------------------------------------------------------------------
-def zip_with_info(path: Path, infos: list[tuple[zipfile.ZipInfo, bytes]]) -> Path:
-    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as zf:
+def zip_with_info(
+    path: Path, infos: list[tuple[zipfile.ZipInfo, bytes]], method: int = zipfile.ZIP_DEFLATED
+) -> Path:
+    with zipfile.ZipFile(path, "w") as zf:
         for info, data in infos:
-            zf.writestr(info, data)
+            zf.writestr(info, data, compress_type=method)
     return path
 
 
@@ -195,9 +197,11 @@ def overlapping_zip(path: Path) -> Path:
     return path
 
 
-def lying_size_zip(path: Path, name: str, data: bytes, declared: int) -> Path:
-    """A member whose headers declare fewer unpacked bytes than its data expands to."""
-    zip_with_info(path, [(zipfile.ZipInfo(name), data)])
+def lying_size_zip(
+    path: Path, name: str, data: bytes, declared: int, method: int = zipfile.ZIP_DEFLATED
+) -> Path:
+    """A member whose headers declare another unpacked size than its data has."""
+    zip_with_info(path, [(zipfile.ZipInfo(name), data)], method)
     raw = bytearray(path.read_bytes())
     struct.pack_into("<I", raw, 22, declared)  # local header uncompressed size
     for off in _central_entries(bytes(raw)):

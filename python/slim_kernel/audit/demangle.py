@@ -6,12 +6,18 @@ Only names that passed the cheap byte prefilter reach here, so batches are small
 
 from __future__ import annotations
 
+import functools
 import shutil
 import subprocess
 
 
+@functools.lru_cache(maxsize=1)
+def _tool() -> str | None:
+    return shutil.which("c++filt")
+
+
 def available() -> bool:
-    return shutil.which("c++filt") is not None
+    return _tool() is not None
 
 
 def demangle_all(names) -> dict[str, str]:
@@ -19,8 +25,10 @@ def demangle_all(names) -> dict[str, str]:
     names = list(dict.fromkeys(names))
     out = {n: n for n in names}
     mangled = [n for n in names if n.startswith("_Z") and "\n" not in n]
-    tool = shutil.which("c++filt")
-    if not mangled or tool is None:
+    if not mangled:
+        return out
+    tool = _tool()
+    if tool is None:
         return out
     proc = subprocess.run(
         [tool],

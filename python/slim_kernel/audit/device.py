@@ -70,7 +70,7 @@ def summarize_cubin(data: bytes, rules: Rules, limits: Limits, what: str, arch: 
         code.names = [(name, size, "kernel") for name, size in texts]
     else:
         code.names = [(name, size, "kernel") for name, size in texts if rules.maybe(name.encode("latin-1"))]
-    hits = StringHits(strtab, [m.start() for m in rules.prefilter.finditer(strtab)])
+    hits = StringHits(strtab, rules.positions(strtab))
     symtab = elf.section(".symtab")
     if hits and symtab is not None:
         seen = {name for name, _, _ in code.names}

@@ -56,7 +56,8 @@ def _scanned(layer: str, st: Counter) -> str:
         )
     if layer == "ptx-entry":
         return f"{st['ptxs']} PTX modules, {st['ptx_names']:,} entries"
-    return f"{st['shipped_device_files']} shipped device files"
+    kind = layer.split("-", 1)[1]
+    return f"{st['shipped_' + kind]} shipped .{kind} files"
 
 
 def audit_result(scan: WheelScan, rules: Rules) -> dict:
@@ -129,7 +130,8 @@ def human_report(result: dict, examples: int = 3) -> str:
         )
         for f in items[:examples]:
             archs = f" ({', '.join(f['archs'])})" if f["archs"] else ""
-            lines.append(f"      {_clip(f['evidence'])}{archs}")
+            where = f"{f['member']}: " if len(members) > 1 else ""
+            lines.append(f"      {where}{_clip(f['evidence'])}{archs}")
     routed = result["routed"]
     if routed:
         kinds = Counter()

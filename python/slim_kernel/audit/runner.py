@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 from .limits import AuditInputError, MalformedBinaryError, MiB
 from .scan import MemberScan, ScanContext, scan_member
-from .wheel import Member, WheelArchive
+from .wheel import Member, WheelArchive, open_member
 
 BIG_MEMBER = 16 * MiB
 BATCH_BYTES = 32 * MiB
@@ -112,17 +112,16 @@ def _scan_task(path: str, members: list[Member], ctx: ScanContext, report=None) 
             pending[0] = 0
 
     out = []
-    with WheelArchive(path, ctx.limits) as archive:
-        for m in members:
-            with archive.open(m.name) as stream:
-                try:
-                    out.append(scan_member(stream, m.name, m.unpacked, m.compressed, ctx, on_progress))
-                except AuditInputError:
-                    raise
-                except (struct.error, IndexError, ValueError, OverflowError, UnicodeError) as exc:
-                    raise MalformedBinaryError(
-                        f"{m.name}: malformed content ({type(exc).__name__}: {exc})"
-                    ) from None
+    for m in members:  # validated by the parent: read each straight from its offset
+        with open_member(path, m) as stream:
+            try:
+                out.append(scan_member(stream, m.name, m.unpacked, m.compressed, ctx, on_progress))
+            except AuditInputError:
+                raise
+            except (struct.error, IndexError, ValueError, OverflowError, UnicodeError) as exc:
+                raise MalformedBinaryError(
+                    f"{m.name}: malformed content ({type(exc).__name__}: {exc})"
+                ) from None
     _emit(report, pending[0])
     return out
 

@@ -186,7 +186,7 @@ def _scan_elf_tables(elf: ElfFile, store: SpanStore, col: _Collector, ctx: ScanC
             continue
         strtab = elf.linked_strtab(sec)
         stats[f"{layer}_symbols"] += sec.size // (24 if elf.is64 else 16)
-        hits = StringHits(strtab, [m.start() for m in ctx.rules.prefilter.finditer(strtab)])
+        hits = StringHits(strtab, ctx.rules.positions(strtab))
         if not hits:
             continue
         for sym in elf.iter_symbols(sec, hits):
@@ -212,10 +212,14 @@ def _scan_elf_tables(elf: ElfFile, store: SpanStore, col: _Collector, ctx: ScanC
 def _strings_with_hits(data: bytes, rules: Rules, limit: int = 512) -> list[str]:
     """Printable runs around each prefilter hit (like `strings`, but only where it matters)."""
     out: dict[str, None] = {}
-    for m in rules.prefilter.finditer(data):
-        lo, hi = max(0, m.start() - limit), min(len(data), m.end() + limit)
+    covered = -1
+    for pos in rules.positions(data):
+        if pos < covered:
+            continue
+        lo, hi = max(0, pos - limit), min(len(data), pos + limit)
         for run in _PRINTABLE_RUN.finditer(data, lo, hi):
-            if run.start() <= m.start() < run.end():
+            if run.start() <= pos < run.end():
+                covered = run.end()
                 out[run.group().decode("ascii")] = None
                 break
     return list(out)
@@ -263,12 +267,13 @@ def _scan_text(src: Pull, scan: MemberScan, ctx: ScanContext) -> None:
     while src.remaining:
         chunk = src.take(min(CHUNK, src.remaining))
         window = carry + chunk
-        for m in ctx.rules.prefilter.finditer(window):
-            if base + m.start() < done:
+        line_end = -1
+        for pos in ctx.rules.positions(window):
+            if base + pos < done or pos < line_end:
                 continue
-            lo = max(window.rfind(b"\n", 0, m.start()) + 1, m.start() - 160)
-            hi = window.find(b"\n", m.end())
-            hi = min(hi if hi >= 0 else len(window), m.end() + 160)
+            lo = max(window.rfind(b"\n", 0, pos) + 1, pos - 160)
+            hi = window.find(b"\n", pos)
+            hi = line_end = min(hi if hi >= 0 else len(window), pos + 160)
             line = window[lo:hi].decode("utf-8", "replace").strip()
             for op in ctx.rules.match(line):
                 counts[op] += 1
@@ -304,7 +309,7 @@ def scan_member(
                 fatbin.read_container(src, ctx.limits, lambda e, p: _shipped_entry(e, p, col, ctx, name))
             else:
                 src.skip(src.remaining)  # trailing padding
-        scan.stats["shipped_device_files"] += 1
+        scan.stats[f"shipped_{kind}"] += 1
     elif kind in ("cubin", "ptx"):
         if unpacked > ctx.limits.max_entry_unpacked:
             raise MalformedBinaryError(f"{name}: {unpacked}-byte device file is over the limit")
@@ -315,7 +320,7 @@ def scan_member(
             else summarize_ptx(data, ctx.rules)
         )
         col.add_device(code, (f"shipped-{kind}",) * 2, unpacked, unpacked, "none")
-        scan.stats["shipped_device_files"] += 1
+        scan.stats[f"shipped_{kind}"] += 1
     else:
         _scan_text(src, scan, ctx)
     col.finish()

@@ -29,6 +29,9 @@ class Member:
     name: str
     compressed: int
     unpacked: int
+    offset: int = 0  # local header offset in the archive
+    crc: int = 0
+    method: int = zipfile.ZIP_DEFLATED
 
     @property
     def suffix(self) -> str:
@@ -119,7 +122,11 @@ class WheelArchive:
                 raise HostileArchiveError(
                     f"archive unpacks to more than {lim.max_total_unpacked} bytes (zip bomb?)"
                 )
-            members.append(Member(name, info.compress_size, info.file_size))
+            members.append(
+                Member(
+                    name, info.compress_size, info.file_size, info.header_offset, info.CRC, info.compress_type
+                )
+            )
         if not members:
             raise AuditInputError(f"empty wheel (no file members): {self.path}")
         self._check_overlap(infos)
@@ -137,22 +144,11 @@ class WheelArchive:
                 )
 
     def open(self, name: str):
-        """Forward-only stream of a member's bytes; errors become `AuditInputError`.
-
-        Deflated members are inflated with ISA-L (`isal`, about twice as fast as zlib) when it
-        is installed, with the same size and CRC checks as zipfile; otherwise zipfile reads."""
-        try:
-            info = self._zip.getinfo(name)
-            inflater = _fast_inflater()
-            if inflater is not None and info.compress_type == zipfile.ZIP_DEFLATED:
-                return _InflatedMember(self.path, info, inflater)
-            return self._zip.open(name)
-        except (zipfile.BadZipFile, NotImplementedError, OSError, RuntimeError, KeyError) as exc:
-            raise AuditInputError(f"cannot read member {name!r}: {exc}") from None
-
-    def read_head(self, name: str, n: int) -> bytes:
-        with self.open(name) as f:
-            return read_member(f, n, name)
+        """Forward-only stream of a member's bytes (see `open_member`)."""
+        for m in self.members:
+            if m.name == name:
+                return open_member(self.path, m)
+        raise AuditInputError(f"no member {name!r} in {self.path}")
 
     @property
     def compressed_total(self) -> int:
@@ -176,6 +172,36 @@ def read_member(f, n: int, name: str) -> bytes:
         raise AuditInputError(f"member {name!r} is corrupt: {exc}") from None
 
 
+def open_member(path: str, member: Member):
+    """Forward-only stream of a validated member, read straight from the archive by offset
+    (workers never re-parse the central directory). Stored and deflated members (all wheels
+    in practice) use `_MemberReader`; other methods fall back to zipfile."""
+    try:
+        if member.method in (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED):
+            lib = None if member.method == zipfile.ZIP_STORED else (_fast_inflater() or zlib)
+            return _MemberReader(path, member, lib)
+        zf = zipfile.ZipFile(path)
+        return _ClosingStream(zf.open(member.name), zf)
+    except (zipfile.BadZipFile, NotImplementedError, OSError, RuntimeError, KeyError) as exc:
+        raise AuditInputError(f"cannot read member {member.name!r}: {exc}") from None
+
+
+class _ClosingStream(io.RawIOBase):
+    def __init__(self, stream, owner):
+        self._stream, self._owner = stream, owner
+
+    def readable(self) -> bool:
+        return True
+
+    def read(self, n: int = -1) -> bytes:
+        return self._stream.read(n)
+
+    def close(self) -> None:
+        self._stream.close()
+        self._owner.close()
+        super().close()
+
+
 def _fast_inflater():
     """`isal.isal_zlib` when installed (optional speed-up), else None."""
     try:
@@ -185,35 +211,38 @@ def _fast_inflater():
     return isal_zlib
 
 
-class _InflatedMember(io.RawIOBase):
-    """Raw-deflate stream of one member, read straight from the archive file.
+class _MemberReader(io.RawIOBase):
+    """A stored or raw-deflate member, read straight from the archive file.
 
-    Output is bounded by the declared size (data that expands further is refused, like a
-    short or corrupt stream), and the CRC-32 is checked at the end, as zipfile does."""
+    `lib` is the inflater (`isal.isal_zlib`, about twice as fast as zlib, when installed; else
+    `zlib`), None for stored members. Output is bounded by the declared size (data that expands
+    further is refused), and the CRC-32 is checked at the end, as zipfile does."""
 
     IN_CHUNK = 1 << 20
 
-    def __init__(self, path: str, info: zipfile.ZipInfo, lib):
-        self._name = info.filename
+    def __init__(self, path: str, member: Member, lib):
+        self._name = member.name
+        if lib is None and member.compressed != member.unpacked:
+            raise zipfile.BadZipFile(f"stored member {member.name!r} has different packed and unpacked sizes")
         self._f = open(path, "rb")
         try:
-            self._f.seek(info.header_offset)
+            self._f.seek(member.offset)
             head = self._f.read(_ZIP_LOCAL_HEADER)
             if len(head) != _ZIP_LOCAL_HEADER or head[:4] != b"PK\x03\x04":
-                raise zipfile.BadZipFile(f"bad local header for {info.filename!r}")
+                raise zipfile.BadZipFile(f"bad local header for {member.name!r}")
             n, m = struct.unpack_from("<HH", head, 26)
-            start = info.header_offset + _ZIP_LOCAL_HEADER + n + m
-            if start + info.compress_size > os.fstat(self._f.fileno()).st_size:
-                raise zipfile.BadZipFile(f"member {info.filename!r} runs past the end of the archive")
+            start = member.offset + _ZIP_LOCAL_HEADER + n + m
+            if start + member.compressed > os.fstat(self._f.fileno()).st_size:
+                raise zipfile.BadZipFile(f"member {member.name!r} runs past the end of the archive")
             self._f.seek(start)
         except BaseException:
             self._f.close()
             raise
-        self._lib = lib
-        self._d = lib.decompressobj(-15)
-        self._in_left = info.compress_size
-        self._out_left = info.file_size
-        self._crc_expected = info.CRC
+        self._lib = lib or zlib
+        self._d = lib.decompressobj(-15) if lib is not None else None
+        self._in_left = member.compressed
+        self._out_left = member.unpacked
+        self._crc_expected = member.crc
         self._crc = 0
         self._tail = b""
 
@@ -227,6 +256,11 @@ class _InflatedMember(io.RawIOBase):
         if n is None or n < 0:
             n = self._out_left
         n = min(n, self._out_left)
+        if self._d is None:  # stored
+            data = self._f.read(n)
+            if len(data) != n:
+                raise self._corrupt("archive truncated")
+            return self._account(data)
         parts, got = [], 0
         while got < n:
             if not self._tail:
@@ -245,7 +279,9 @@ class _InflatedMember(io.RawIOBase):
                 raise self._corrupt("deflate stream ends before the declared size")
             parts.append(out)
             got += len(out)
-        data = b"".join(parts)
+        return self._account(b"".join(parts))
+
+    def _account(self, data: bytes) -> bytes:
         self._crc = self._lib.crc32(data, self._crc)
         self._out_left -= len(data)
         if self._out_left == 0:
@@ -254,6 +290,8 @@ class _InflatedMember(io.RawIOBase):
 
     def _finish(self) -> None:
         rest = self._tail + self._f.read(min(self._in_left, 1 << 16))
+        if self._d is None:
+            rest = b""
         try:
             more = bool(rest) and not self._d.eof and self._d.decompress(rest, 1)
         except self._lib.error:
