@@ -200,3 +200,25 @@ def test_available_and_info_on_gpu():
     info = jit.runtime_info()
     assert info["driver"] == "ok"
     assert info["launcher"] == "native" or info["launcher"].startswith("python (cuda-python fallback")
+
+
+def test_first_load_inside_graph_capture(launcher, dev, gen):
+    """An op first called inside torch.cuda.graph (global capture mode) compiles, loads and raises
+    the smem limit there: module loads run in relaxed capture mode, so the capture survives."""
+    n = 4099
+    x, y, out = _axpby_inputs(n, f"cuda:{dev}", gen)
+    blocks, words = 2, 20_000
+    info = torch.full((2 * blocks,), -1, device=f"cuda:{dev}", dtype=torch.int32)
+    big = torch.full((blocks * words,), float("nan"), device=f"cuda:{dev}")
+    bias = 11 if launcher == "native" else 12  # an instance not loaded by any other test
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        kernel = jit.get_kernel(fx.axpby(bias=bias), dev, launcher=launcher)
+        _launch_axpby(kernel, x, y, out, n, 1.0, 1)
+        fresh = jit.get_kernel(fx.smem_cluster(), dev, launcher=launcher)
+        fresh.launch((blocks, 1, 1), (128, 1, 1), (big.data_ptr(), info.data_ptr(), words), stream=_stream(),
+                     smem=words * 4 + 4096 * (1 if launcher == "native" else 2))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert _rel_err(out[:n], _axpby_ref(x, y, 1.0, 1, bias)) <= 5e-3
+    assert torch.equal(big, _smem_cluster_expected(blocks, words, big.device))

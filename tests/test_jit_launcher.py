@@ -251,6 +251,17 @@ _FAKE_RUN = textwrap.dedent("""
             jit.get_kernel(fx.axpby(bias=9), 5, launcher=name)
         except RuntimeError as exc:
             r["bad_device"] = str(exc)
+        # first load and first smem raise while a (global-mode) capture is in progress
+        fake.fake_set_capturing(1)
+        try:
+            c = jit.get_kernel(fx.axpby(bias=7), 0, launcher=name)
+            c.launch((1, 1, 1), (32, 1, 1), (1, 2, 3, 4, 1.0, 1), stream=5)
+            s.launch((8, 1, 1), (256, 1, 1), (5, 6, 30000), stream=5, smem=120_000)
+            r["capture_load_ok"] = True
+        except RuntimeError as exc:
+            r["capture_load_ok"] = str(exc)
+        fake.fake_set_capturing(0)
+        r["capture_mode_after"] = fake.fake_capture_mode()
         k1 = jit.get_kernel(fx.axpby(), 1, launcher=name)
         fake.fake_set_nparams(6)
         k1.launch((1, 1, 1), (32, 1, 1), (1, 2, 3, 4, 1.0, 1), stream=11)
@@ -287,6 +298,7 @@ def _check_fake_launches(r: dict) -> None:
     assert r["smem"]["params"] == ["0000000000000005", "0000000000000006", "0000000000006400"]
     assert "launch of fixture_axpby" in r["bad_block"] and "CUDA_ERROR_INVALID_VALUE" in r["bad_block"]
     assert "CUDA_ERROR_INVALID_DEVICE" in r["bad_device"]
+    assert r["capture_load_ok"] is True and r["capture_mode_after"] == 0
     assert r["device1"]["stream"] == 11
     assert r["depth_after"] == 0, "a launcher left a context pushed"
 

@@ -78,7 +78,7 @@ struct Driver {
   CUresult (*cuFuncGetAttribute)(int*, int, CUfunction) = nullptr;
   CUresult (*cuLaunchKernelEx)(const LaunchConfig*, CUfunction, void**, void**) = nullptr;
   CUresult (*cuDriverGetVersion)(int*) = nullptr;
-  bool initialized = false;
+  CUresult (*cuThreadExchangeStreamCaptureMode)(int*) = nullptr;  // optional
 };
 
 template <typename T>
@@ -111,6 +111,8 @@ Driver load_driver() {
   bind(lib, "cuFuncGetAttribute", d.cuFuncGetAttribute, e);
   bind(lib, "cuLaunchKernelEx", d.cuLaunchKernelEx, e);
   bind(lib, "cuDriverGetVersion", d.cuDriverGetVersion, e);
+  d.cuThreadExchangeStreamCaptureMode =
+      reinterpret_cast<CUresult (*)(int*)>(dlsym(lib, "cuThreadExchangeStreamCaptureMode"));
   return d;  // the library stays open for the life of the process
 }
 
@@ -259,6 +261,27 @@ struct ContextScope {
   }
 };
 
+// Module loading and function attributes are "potentially unsafe" during a global-mode stream
+// capture (torch.cuda.graph's default). They are not stream work, so when a kernel is first
+// loaded or its smem limit first raised while the caller is capturing, this thread switches to
+// relaxed capture mode for those calls and back.
+struct RelaxedCapture {
+  Driver& d;
+  int previous = 0;
+  bool active = false;
+  explicit RelaxedCapture(Driver& drv) : d(drv) {
+    if (!d.cuThreadExchangeStreamCaptureMode) return;
+    int mode = 2;  // CU_STREAM_CAPTURE_MODE_RELAXED
+    if (d.cuThreadExchangeStreamCaptureMode(&mode) == 0) {
+      previous = mode;
+      active = true;
+    }
+  }
+  ~RelaxedCapture() {
+    if (active) d.cuThreadExchangeStreamCaptureMode(&previous);
+  }
+};
+
 class Kernel {
  public:
   Kernel(nb::bytes cubin, std::string entry, std::string signature, int device)
@@ -271,6 +294,7 @@ class Kernel {
     check(d.cuDeviceGet(&dev, device), "cuDeviceGet");
     check(d.cuDevicePrimaryCtxRetain(&ctx_, dev), "cuDevicePrimaryCtxRetain");
     ContextScope scope(d, ctx_);
+    RelaxedCapture relaxed(d);
     check(d.cuModuleLoadData(&module_, cubin.c_str()), ("cuModuleLoadData for " + entry_).c_str());
     check(d.cuModuleGetFunction(&func_, module_, entry_.c_str()), ("cuModuleGetFunction(" + entry_ + ")").c_str());
     // The module stays loaded for the life of the process (kernels are memoized, and unloading
@@ -307,11 +331,13 @@ class Kernel {
     {
       ContextScope scope(d, ctx_);
       if (smem > kDefaultSmemLimit && smem > smem_limit_) {  // once per new high-water mark
+        RelaxedCapture relaxed(d);
         check(d.cuFuncSetAttribute(func_, kFuncMaxDynamicSharedSizeBytes, static_cast<int>(smem)),
               ("cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES=" + std::to_string(smem) + ") for " + entry_).c_str());
         smem_limit_ = smem;
       }
       if (c[0] * c[1] * c[2] > 8 && !non_portable_cluster_) {
+        RelaxedCapture relaxed(d);
         check(d.cuFuncSetAttribute(func_, kFuncNonPortableClusterSizeAllowed, 1),
               "cuFuncSetAttribute(NON_PORTABLE_CLUSTER_SIZE_ALLOWED)");
         non_portable_cluster_ = true;

@@ -36,7 +36,7 @@ typedef struct {
   unsigned numAttrs;
 } LaunchConfig;
 
-enum { OK = 0, INVALID_VALUE = 1, NOT_INITIALIZED = 3, INVALID_DEVICE = 101, INVALID_IMAGE = 200,
+enum { CAPTURE_UNSUPPORTED = 900, OK = 0, INVALID_VALUE = 1, NOT_INITIALIZED = 3, INVALID_DEVICE = 101, INVALID_IMAGE = 200,
        INVALID_CONTEXT = 201, NOT_FOUND = 500 };
 
 static int g_initialized;
@@ -49,6 +49,12 @@ static int g_nparams = 0;
 static char g_last[4096];
 static int g_smem_attr[64];
 static int g_launches;
+static int g_capturing;          // a global-mode capture is in progress (fake_set_capturing)
+static __thread int t_mode;      // this thread's capture mode: 0 global, 1 thread-local, 2 relaxed
+
+// Module loads and function attributes are "potentially unsafe" during a global-mode capture.
+static int unsafe_now(void) { return g_capturing && t_mode != 2; }
+void fake_set_capturing(int on) { g_capturing = on; }
 
 static CUcontext current(void) { return t_depth ? t_stack[t_depth - 1] : NULL; }
 
@@ -56,6 +62,7 @@ void fake_set_nparams(int n) { g_nparams = n; }
 const char* fake_last_launch(void) { return g_last; }
 int fake_launch_count(void) { return g_launches; }
 int fake_ctx_depth(void) { return t_depth; }
+int fake_capture_mode(void) { return t_mode; }
 
 CUresult cuInit(unsigned flags) { (void)flags; g_initialized = 1; return OK; }
 CUresult cuDriverGetVersion(int* v) { *v = 13000; return OK; }
@@ -67,6 +74,7 @@ CUresult cuGetErrorName(CUresult r, const char** s) {
     case INVALID_DEVICE: *s = "CUDA_ERROR_INVALID_DEVICE"; return OK;
     case INVALID_IMAGE: *s = "CUDA_ERROR_INVALID_IMAGE"; return OK;
     case INVALID_CONTEXT: *s = "CUDA_ERROR_INVALID_CONTEXT"; return OK;
+    case CAPTURE_UNSUPPORTED: *s = "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED"; return OK;
     default: *s = NULL; return INVALID_VALUE;
   }
 }
@@ -97,8 +105,15 @@ CUresult cuCtxPopCurrent_v2(CUcontext* ctx) {
   if (ctx) *ctx = c;
   return OK;
 }
+CUresult cuThreadExchangeStreamCaptureMode(int* mode) {
+  int previous = t_mode;
+  t_mode = *mode;
+  *mode = previous;
+  return OK;
+}
 CUresult cuModuleLoadData(void** mod, const void* image) {
   if (!current()) return INVALID_CONTEXT;
+  if (unsafe_now()) return CAPTURE_UNSUPPORTED;
   if (memcmp(image, "\x7f" "ELF", 4) != 0) return INVALID_IMAGE;
   *mod = current();  // the "module" remembers its context
   return OK;
@@ -115,6 +130,7 @@ CUresult cuModuleGetFunction(void** fn, void* mod, const char* name) {
 CUresult cuFuncSetAttribute(void* fn, int attr, int value) {
   FakeFunc* f = fn;
   if (current() != f->ctx) return INVALID_CONTEXT;
+  if (unsafe_now()) return CAPTURE_UNSUPPORTED;
   if (attr == 8) {  // MAX_DYNAMIC_SHARED_SIZE_BYTES
     if (value > 227 * 1024) return INVALID_VALUE;
     g_smem_attr[f - g_funcs] = value;
@@ -186,6 +202,7 @@ static const Entry kEntries[] = {
     {"cuFuncSetAttribute", (void*)cuFuncSetAttribute},
     {"cuFuncGetAttribute", (void*)cuFuncGetAttribute},
     {"cuLaunchKernelEx", (void*)cuLaunchKernelEx},
+    {"cuThreadExchangeStreamCaptureMode", (void*)cuThreadExchangeStreamCaptureMode},
 };
 
 CUresult cuGetProcAddress_v2(const char* symbol, void** pfn, int version, unsigned long long flags, int* status) {

@@ -80,6 +80,25 @@ class _ContextScope:
             self.cu.cuCtxPopCurrent()
 
 
+class _RelaxedCapture:
+    """Relaxed stream-capture mode for this thread within the scope: module loads and function
+    attributes are "potentially unsafe" during a global-mode capture (torch.cuda.graph's default)
+    but are not stream work, so a first load inside a capture is allowed."""
+
+    def __init__(self, cu):
+        self.cu, self.previous = cu, None
+
+    def __enter__(self):
+        cu = self.cu
+        err, previous = cu.cuThreadExchangeStreamCaptureMode(cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_RELAXED)
+        if err == cu.CUresult.CUDA_SUCCESS:
+            self.previous = previous
+
+    def __exit__(self, *exc):
+        if self.previous is not None:
+            self.cu.cuThreadExchangeStreamCaptureMode(self.previous)
+
+
 def pack_args(signature: str, args: tuple) -> bytes:
     """The 8-byte parameter slots (same layout as ``_native.pack_args``)."""
     if not isinstance(args, tuple):
@@ -113,7 +132,7 @@ class Kernel:
         dev = _check(cu, cu.cuDeviceGet(device), "cuDeviceGet")
         self._ctx = _check(cu, cu.cuDevicePrimaryCtxRetain(dev), "cuDevicePrimaryCtxRetain")
         self._ctx_int = int(self._ctx)
-        with _ContextScope(cu, self._ctx):
+        with _ContextScope(cu, self._ctx), _RelaxedCapture(cu):
             self._module = _check(cu, cu.cuModuleLoadData(cubin), f"cuModuleLoadData for {entry}")
             self._func = _check(cu, cu.cuModuleGetFunction(self._module, entry.encode()),
                                 f"cuModuleGetFunction({entry})")
@@ -151,7 +170,7 @@ class Kernel:
         c = _dim3(cluster, "cluster") if cluster is not None else (1, 1, 1)
         if not isinstance(smem, int) or smem < 0:
             raise TypeError(f"smem must be a non-negative int, got {smem!r}")
-        with _ContextScope(cu, self._ctx):
+        with _ContextScope(cu, self._ctx), _RelaxedCapture(cu):
             if smem > DEFAULT_SMEM_LIMIT and smem > self._smem_limit:  # once per new high-water mark
                 _check(cu, cu.cuFuncSetAttribute(
                     self._func, cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem),
