@@ -217,7 +217,7 @@ def test_first_load_inside_graph_capture(launcher, dev, gen):
         _launch_axpby(kernel, x, y, out, n, 1.0, 1)
         fresh = jit.get_kernel(fx.smem_cluster(), dev, launcher=launcher)
         fresh.launch((blocks, 1, 1), (128, 1, 1), (big.data_ptr(), info.data_ptr(), words), stream=_stream(),
-                     smem=words * 4 + 4096 * (1 if launcher == "native" else 2))
+                     smem=112 * 1024)  # above every other test's: the limit is raised inside the capture
     graph.replay()
     torch.cuda.synchronize()
     assert _rel_err(out[:n], _axpby_ref(x, y, 1.0, 1, bias)) <= 5e-3
