@@ -290,11 +290,11 @@ class Kernel {
     if (cubin.size() < 4 || std::memcmp(cubin.c_str(), "\x7f" "ELF", 4) != 0)
       throw nb::value_error("cubin is not an ELF image");
     Driver& d = ready_driver();
+    RelaxedCapture relaxed(d);
     CUdevice dev = 0;
     check(d.cuDeviceGet(&dev, device), "cuDeviceGet");
     check(d.cuDevicePrimaryCtxRetain(&ctx_, dev), "cuDevicePrimaryCtxRetain");
     ContextScope scope(d, ctx_);
-    RelaxedCapture relaxed(d);
     check(d.cuModuleLoadData(&module_, cubin.c_str()), ("cuModuleLoadData for " + entry_).c_str());
     check(d.cuModuleGetFunction(&func_, module_, entry_.c_str()), ("cuModuleGetFunction(" + entry_ + ")").c_str());
     // The module stays loaded for the life of the process (kernels are memoized, and unloading

@@ -129,13 +129,14 @@ class Kernel:
         except Exception as exc:  # noqa: BLE001 - cuda-python raises its own types when libcuda is missing
             raise RuntimeError(f"slim_kernel: cannot initialize the CUDA driver: {type(exc).__name__}: {exc}") from exc
         _check(cu, init, "cuInit")
-        dev = _check(cu, cu.cuDeviceGet(device), "cuDeviceGet")
-        self._ctx = _check(cu, cu.cuDevicePrimaryCtxRetain(dev), "cuDevicePrimaryCtxRetain")
-        self._ctx_int = int(self._ctx)
-        with _ContextScope(cu, self._ctx), _RelaxedCapture(cu):
-            self._module = _check(cu, cu.cuModuleLoadData(cubin), f"cuModuleLoadData for {entry}")
-            self._func = _check(cu, cu.cuModuleGetFunction(self._module, entry.encode()),
-                                f"cuModuleGetFunction({entry})")
+        with _RelaxedCapture(cu):
+            dev = _check(cu, cu.cuDeviceGet(device), "cuDeviceGet")
+            self._ctx = _check(cu, cu.cuDevicePrimaryCtxRetain(dev), "cuDevicePrimaryCtxRetain")
+            self._ctx_int = int(self._ctx)
+            with _ContextScope(cu, self._ctx):
+                self._module = _check(cu, cu.cuModuleLoadData(cubin), f"cuModuleLoadData for {entry}")
+                self._func = _check(cu, cu.cuModuleGetFunction(self._module, entry.encode()),
+                                    f"cuModuleGetFunction({entry})")
         self._smem_limit = 0
         self._non_portable = False
         self._n = len(signature)
