@@ -84,6 +84,7 @@ def test_size_attribution_and_arch_split(capsys, wheels):
     op = s["per_op"]["dsv3_router_gemm"]
     assert op["device"] == router_bytes and op["archs"] == ["sm_100a", "sm_90a"]
     assert op["host"] > 0 and op["total"] == op["device"] + op["host"]
+    assert op["members"] == {"pkg/_aot.so": op["total"]}
     assert list(s["per_op"]) == ["dsv3_router_gemm"]  # Python mentions are not native bytes
     assert s["per_arch"]["sm_90a"] == {
         "entries": 3,

@@ -5,7 +5,7 @@ scan as the audit, so it works on any wheel, ours or third-party."""
 from __future__ import annotations
 
 import re
-from collections import defaultdict
+from collections import Counter, defaultdict
 
 from .runner import WheelScan
 
@@ -84,31 +84,38 @@ def size_summary(scan: WheelScan) -> dict:
 
 def _per_op(scan: WheelScan) -> dict:
     """Native bytes per retired op: whole device payloads of its translation units, its own
-    kernels elsewhere (code size), and its host symbols (each symbol once per member)."""
-    ops: dict[str, dict] = defaultdict(lambda: {"device": 0, "host": 0, "archs": set()})
+    kernels elsewhere (code size), and its host symbols (each symbol once per member); with
+    the split per member."""
+    ops: dict[str, dict] = defaultdict(lambda: {"device": 0, "host": 0, "archs": set(), "members": Counter()})
+
+    def add(op: str, member: str, kind: str, size: int, arch: str = "") -> None:
+        ops[op][kind] += size
+        ops[op]["members"][member] += size
+        if arch:
+            ops[op]["archs"].add(arch)
+
     for s in scan.scans:
         for b in s.blobs:
             if b.op:
-                ops[b.op]["device"] += b.stored
-                ops[b.op]["archs"].add(b.arch)
+                add(b.op, s.member, "device", b.stored, b.arch)
         host_seen: dict[tuple[str, str], int] = {}
         for h in s.hits:
             if h.layer in HOST_LAYERS:
                 key = (h.op, h.evidence)
                 host_seen[key] = max(host_seen.get(key, 0), h.size)
             elif h.counted and h.size and not h.layer.endswith("-tu"):
-                ops[h.op]["device"] += h.size
-                ops[h.op]["archs"].add(h.arch)
-            elif h.layer.startswith("rodata"):
-                ops[h.op]  # noqa: B018 - an op seen only in strings still gets a (zero-byte) row
+                add(h.op, s.member, "device", h.size, h.arch)
+            else:  # an op seen only in strings still gets a (zero-byte) row
+                add(h.op, s.member, "device", 0)
         for (op, _), size in host_seen.items():
-            ops[op]["host"] += size
+            add(op, s.member, "host", size)
     return {
         op: {
             "device": v["device"],
             "host": v["host"],
             "total": v["device"] + v["host"],
             "archs": sorted(v["archs"]),
+            "members": dict(v["members"].most_common()),
         }
         for op, v in sorted(ops.items())
     }

@@ -44,6 +44,9 @@ def build_report(args) -> dict:
         base = size_summary(scan_wheel(args.baseline, ctx, jobs=args.jobs, progress=args.progress))
         report["baseline"] = base
         report["comparison"] = compare(subject, base)
+    for summary in (subject, report.get("baseline")):
+        if summary is not None:
+            summary.pop("member_sizes")  # only needed for the member diff
     if budget is not None:
         report["budget"] = {
             "limit": budget,

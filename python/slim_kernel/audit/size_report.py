@@ -50,11 +50,12 @@ def markdown(report: dict) -> str:
         if not w["per_op"]:
             out.append("None found.")
         else:
-            out += ["| op | device | host | total | archs |", "|---|---:|---:|---:|---|"]
+            out += ["| op | device | host | total | archs | per member |", "|---|---:|---:|---:|---|---|"]
             for op, v in w["per_op"].items():
+                per_member = ", ".join(f"`{m}` {fmt_bytes(n)}" for m, n in v["members"].items() if n)
                 out.append(
                     f"| `{op}` | {fmt_bytes(v['device'])} | {fmt_bytes(v['host'])} | "
-                    f"{fmt_bytes(v['total'])} | {', '.join(v['archs'])} |"
+                    f"{fmt_bytes(v['total'])} | {', '.join(v['archs'])} | {per_member} |"
                 )
         if w["per_arch"]:
             out += ["", "| arch | entries | stored | unpacked |", "|---|---:|---:|---:|"]
