@@ -42,6 +42,7 @@ def _default_archs() -> list[str]:
             return sorted({arch_for_device(i) for i in range(torch.cuda.device_count())})
     except Exception:  # noqa: BLE001 - no torch/driver: fall through
         pass
+    print("no GPU visible and no --arch: compiling for sm_90a (Hopper)", file=sys.stderr)
     return ["sm_90a"]
 
 
