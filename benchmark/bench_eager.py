@@ -20,9 +20,10 @@ import statistics
 import sys
 import time
 
-import slim_kernel as sk
 import torch
 import torch.nn.functional as F
+
+import slim_kernel as sk
 
 DEV = "cuda"
 CALLS, REPEATS, GRAPH_CALLS = 400, 7, 50
@@ -90,6 +91,10 @@ def cases():
                 v["sk.bmm_fp8 flashinfer"] = lambda A=A, B=B, s=s, out=out: sk.bmm_fp8(
                     A, B, s, s, torch.bfloat16, out, backend="flashinfer")
                 v["backend fn flashinfer"] = lambda A=A, B=B, s=s, out=out: fib.bmm_fp8(out, A, B, s, s)
+                direct = fib.direct_bmm_fp8()
+                if direct is not None:  # the floor: flashinfer's cuBLAS runner alone, inputs prebuilt
+                    ws = direct._gb._get_cache_buf("bmm_fp8_workspace", direct._gb.DEFAULT_WORKSPACE_SIZE, A.device)
+                    v["flashinfer runner only"] = lambda r=direct._runner, i=[A, B, s, s, out, ws]: r(inputs=i, tactic=-1)
             v["sk.bmm_fp8 torch"] = lambda A=A, B=B, s=s, out=out: sk.bmm_fp8(
                 A, B, s, s, torch.bfloat16, out, backend="torch")
             yield f"bmm_fp8 h16 t{tokens} k{k} n{n}", v

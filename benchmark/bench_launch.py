@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 
 import torch
+
 from slim_kernel import jit
 from slim_kernel.jit import cache, runtime
 from slim_kernel.jit.spec import KernelInstance

@@ -71,14 +71,14 @@ def time_graph(calls: list[Callable[[], None]], *, reps: int = REPS) -> float:
 
 def hbm_read_bandwidth(nbytes: int = 2 << 30, reps: int = 10) -> float:
     """Bytes/s a large torch reduction reads from HBM (the bandwidth the floors use)."""
-    x = torch.ones(nbytes // 2, device="cuda", dtype=torch.bfloat16)
+    x = torch.randn(nbytes // 2, device="cuda", dtype=torch.bfloat16)
     out = torch.empty((), device="cuda", dtype=torch.float32)
-    torch.sum(x, dtype=torch.float32, out=out)
+    torch.sum(x, dim=0, dtype=torch.float32, out=out)
     times = []
     for _ in range(reps):
         s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         s.record()
-        torch.sum(x, dtype=torch.float32, out=out)
+        torch.sum(x, dim=0, dtype=torch.float32, out=out)
         e.record()
         torch.cuda.synchronize()
         times.append(s.elapsed_time(e) * 1e-3)

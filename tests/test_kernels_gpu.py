@@ -163,7 +163,7 @@ def test_row_strided_views(m, pdl):
     k = 7168
     buf = _rand(m + 3, k + 64, gen=gen)
     x = buf[2:2 + m, :k]  # row stride k + 64, 16-byte aligned: served by the JIT kernel, no copy
-    assert not x.is_contiguous()
+    assert m == 1 or not x.is_contiguous()  # one row is contiguous whatever its stride
     w, wf = _rand(256, k, gen=gen), _rand(2112, k, gen=gen)
     _check(_router(x, w, torch.float32), _ref(x, w), f"strided router M={m}")
     _check(_fused_a(x, wf.t()), _ref(x, wf), f"strided fused_a M={m}")
