@@ -221,3 +221,26 @@ def test_several_wheels_give_a_list_and_worst_exit_code(build, capsys, tmp_path)
     assert rc == 1 and [r["clean"] for r in res] == [True, False]
     rc, res = audit(capsys, clean, dirty, tmp_path / "missing.whl")
     assert rc == 2 and "not found" in res[2]["error"]
+
+
+@needs_gxx
+def test_static_archive_objects(build, capsys):
+    """Objects inside a shipped .a are scanned like libraries (their .symtab and .rodata)."""
+    import shutil
+    import subprocess
+
+    if shutil.which("ar") is None:
+        pytest.skip("ar not found")
+    src = build / "ar" / "obj.cpp"
+    src.parent.mkdir(parents=True, exist_ok=True)
+    src.write_text('void dsv3_fused_a_gemm(int* p) { *p = 1; }\nconst char* tag = "bmm_fp8";\n')
+    obj = build / "ar" / "a_long_object_file_name_beyond_sixteen.o"
+    subprocess.run([GXX, "-c", "-fPIC", "-o", str(obj), str(src)], check=True)
+    lib = build / "ar" / "libops.a"
+    subprocess.run(["ar", "rcs", str(lib), str(obj)], check=True)
+    rc, res = audit(capsys, make_wheel(build / "ar.whl", {"lib/libops.a": lib.read_bytes()}))
+    assert rc == 1 and res["ops_found"] == ["bmm_fp8", "dsv3_fused_a_gemm"]
+    assert {(f["op"], f["layer"]) for f in res["findings"]} == {
+        ("dsv3_fused_a_gemm", "elf-symtab"),
+        ("bmm_fp8", "rodata-string"),
+    }

@@ -93,14 +93,14 @@ def test_inflaters_agree(tmp_path, monkeypatch, capsys):
     if wheel_mod._fast_inflater() is None:
         pytest.skip("isal not installed")
     wheel = make_wheel(
-        tmp_path / "same.whl", {"pkg/a.py": b"import bmm_fp8\n" * 50_000, "pkg/b.bin": os.urandom(1 << 20)}
+        tmp_path / "same.whl", {"pkg/a.py": b"import bmm_fp8\n" * 5_000, "pkg/b.bin": os.urandom(1 << 20)}
     )
     main(["audit", "--json", "--no-progress", str(wheel)])
     fast = json.loads(capsys.readouterr().out)
     monkeypatch.setattr(wheel_mod, "_fast_inflater", lambda: None)
     main(["audit", "--json", "--no-progress", str(wheel)])
     slow = json.loads(capsys.readouterr().out)
-    assert fast["routed"] == slow["routed"] and fast["routed"][0]["count"] == 50_000
+    assert fast["routed"] == slow["routed"] and fast["routed"][0]["count"] == 5_000
 
 
 @pytest.mark.parametrize("name", ["../evil.py", "pkg/../../evil.py", "/etc/evil.py", "C:/evil.py"])
@@ -194,3 +194,21 @@ def test_nothing_written_outside_private_tempdir(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert list(cwd.iterdir()) == [] and list((tmp_path / "tmp").iterdir()) == []
     assert sorted(p.name for p in (tmp_path / "w").iterdir()) == ["ok.whl"]
+
+
+def test_too_many_fatbin_entries_and_text_lines_are_bounded():
+    import io
+
+    from audit_fixtures import fatbin_of, tiny_elf
+
+    from slim_kernel.audit.limits import AuditInputError
+    from slim_kernel.audit.rules import Rules
+    from slim_kernel.audit.scan import ScanContext, scan_member
+
+    blob = fatbin_of([(tiny_elf(["k"]), 90, 0x11)] * 20)
+    ctx = ScanContext(Rules(), Limits(max_fatbin_entries=10, max_text_lines=100))
+    with pytest.raises(AuditInputError, match="more than 10 fatbin entries"):
+        scan_member(io.BytesIO(blob), "k.fatbin", len(blob), len(blob), ctx)
+    text = b"y = bmm_fp8(x)\n" * 30_000
+    scan = scan_member(io.BytesIO(text), "pkg/a.py", len(text), len(text), ctx)
+    assert scan.routed[0]["count"] == 100 and scan.stats["routed_truncated"] == 1

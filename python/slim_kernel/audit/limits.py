@@ -40,3 +40,5 @@ class Limits:
     max_sections: int = 65_536
     max_symbols: int = 20_000_000
     max_hits_per_member: int = 2_000  # evidence strings kept per member and layer
+    max_fatbin_entries: int = 1_000_000  # per member (sgl-kernel 0.3.21 has 1,514 in all)
+    max_text_lines: int = 10_000  # routed/info lines examined per text member

@@ -183,7 +183,6 @@ def _run_pool(path: str, tasks: list[list[Member]], ctx: ScanContext, jobs: int,
     method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
     mp = multiprocessing.get_context(method)
     queue = mp.SimpleQueue()
-    stop = threading.Event()
 
     def drain() -> None:
         while True:
@@ -208,7 +207,6 @@ def _run_pool(path: str, tasks: list[list[Member]], ctx: ScanContext, jobs: int,
                     fut.cancel()
                 raise
     finally:
-        stop.set()
         queue.put(None)
         reader.join(timeout=5)
     return out

@@ -17,7 +17,7 @@ from pathlib import PurePosixPath
 from . import demangle, fatbin
 from .device import DeviceCode, summarize_cubin, summarize_ptx
 from .elf import ELF_MAGIC, EM_CUDA, ElfFile, StringHits
-from .limits import Limits, MalformedBinaryError
+from .limits import AuditInputError, Limits, MalformedBinaryError
 from .rules import Rules
 from .stream import CHUNK, Pull, SpanStore, SubReader
 
@@ -110,6 +110,21 @@ class _Collector:
         self._per_layer[layer] += 1
         self._raw.append((layer, name, size, arch, ops, what))
 
+    def hit(self, hit: Hit) -> None:
+        """Record a finding whose op is already known (capped per layer like `add`)."""
+        if self._per_layer[hit.layer] >= self.ctx.limits.max_hits_per_member:
+            self.scan.stats["evidence_dropped"] += 1
+            return
+        self._per_layer[hit.layer] += 1
+        self.scan.hits.append(hit)
+
+    def count_entry(self) -> None:
+        self.scan.stats["fatbin_entries"] += 1
+        if self.scan.stats["fatbin_entries"] > self.ctx.limits.max_fatbin_entries:
+            raise AuditInputError(
+                f"{self.scan.member}: more than {self.ctx.limits.max_fatbin_entries} fatbin entries (hostile?)"
+            )
+
     def add_device(self, code: DeviceCode, layers: tuple[str, str], stored: int, unpacked: int, comp: str):
         """Record a cubin/PTX payload; `layers` = (layer for TU evidence, layer for names)."""
         blob_layer, names_layer = layers
@@ -119,9 +134,7 @@ class _Collector:
         self.scan.stats[f"{code.kind}_names"] += code.kernel_count
         for tu_name in code.tus:
             for tu_op in self.ctx.rules.match(tu_name):
-                self.scan.hits.append(
-                    Hit(tu_op, blob_layer, f"translation unit {tu_name}", stored, code.arch)
-                )
+                self.hit(Hit(tu_op, blob_layer, f"translation unit {tu_name}", stored, code.arch))
         for name, size, what in code.names:
             # kernels of a retired TU are attributed to it; their bytes are inside the blob already
             self.add(names_layer, name, size, code.arch, code.tu_ops, what)
@@ -146,7 +159,7 @@ def _scan_host_elf(src: Pull, col: _Collector, ctx: ScanContext, label: str) -> 
     stats = col.scan.stats
 
     def on_entry(entry: fatbin.Entry, payload: bytes) -> None:
-        stats["fatbin_entries"] += 1
+        col.count_entry()
         stats[f"fatbin_{entry.compression}"] += 1
         code = _device_code(entry, payload, ctx, f"{label}: fatbin entry at {entry.offset}")
         if code is not None:
@@ -203,10 +216,10 @@ def _scan_elf_tables(elf: ElfFile, store: SpanStore, col: _Collector, ctx: ScanC
             for text in _strings_with_hits(data, ctx.rules):
                 op = ctx.rules.schema_op(text)
                 if op:
-                    col.scan.hits.append(Hit(op, "rodata-schema", text))
+                    col.hit(Hit(op, "rodata-schema", text))
                     continue
                 for op in ctx.rules.match(text):
-                    col.scan.hits.append(Hit(op, "rodata-string", text))
+                    col.hit(Hit(op, "rodata-string", text))
 
 
 def _strings_with_hits(data: bytes, rules: Rules, limit: int = 512) -> list[str]:
@@ -263,14 +276,21 @@ def _scan_text(src: Pull, scan: MemberScan, ctx: ScanContext) -> None:
     kind = routed_kind(scan.member)
     counts: Counter = Counter()
     snippets: dict[str, list[str]] = {}
-    carry, base, done = b"", 0, 0
+    carry, base, done, lines = b"", 0, 0, 0
+    limit = ctx.limits.max_text_lines
     while src.remaining:
         chunk = src.take(min(CHUNK, src.remaining))
+        if lines >= limit:  # enough evidence: drain the rest for the CRC check only
+            continue
         window = carry + chunk
         line_end = -1
         for pos in ctx.rules.positions(window):
             if base + pos < done or pos < line_end:
                 continue
+            lines += 1
+            if lines > limit:
+                scan.stats["routed_truncated"] += 1
+                break
             lo = max(window.rfind(b"\n", 0, pos) + 1, pos - 160)
             hi = window.find(b"\n", pos)
             hi = line_end = min(hi if hi >= 0 else len(window), pos + 160)
@@ -328,7 +348,7 @@ def scan_member(
 
 
 def _shipped_entry(entry: fatbin.Entry, payload: bytes, col: _Collector, ctx: ScanContext, name: str) -> None:
-    col.scan.stats["fatbin_entries"] += 1
+    col.count_entry()
     code = _device_code(entry, payload, ctx, f"{name}: fatbin entry at {entry.offset}")
     if code is not None:
         col.add_entry(code, ("shipped-fatbin", "shipped-fatbin"), entry)

@@ -17,7 +17,6 @@ import struct
 import zipfile
 import zlib
 from dataclasses import dataclass
-from pathlib import PurePosixPath
 
 from .limits import AuditInputError, HostileArchiveError, Limits
 
@@ -32,14 +31,6 @@ class Member:
     offset: int = 0  # local header offset in the archive
     crc: int = 0
     method: int = zipfile.ZIP_DEFLATED
-
-    @property
-    def suffix(self) -> str:
-        return PurePosixPath(self.name).suffix.lower()
-
-    @property
-    def basename(self) -> str:
-        return PurePosixPath(self.name).name
 
 
 def _check_name(name: str) -> None:
@@ -149,10 +140,6 @@ class WheelArchive:
             if m.name == name:
                 return open_member(self.path, m)
         raise AuditInputError(f"no member {name!r} in {self.path}")
-
-    @property
-    def compressed_total(self) -> int:
-        return os.path.getsize(self.path)
 
     def close(self) -> None:
         self._zip.close()
