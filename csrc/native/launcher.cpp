@@ -301,8 +301,10 @@ class Kernel {
     // during interpreter shutdown can race the driver's own teardown).
   }
 
-  void launch(nb::handle grid, nb::handle block, nb::handle args, uintptr_t stream, unsigned smem, bool pdl,
-              nb::handle cluster) {
+  void launch(nb::handle grid, nb::handle block, nb::handle args, uintptr_t stream, unsigned smem,
+              nb::handle pdl_obj, nb::handle cluster) {
+    int pdl = PyObject_IsTrue(pdl_obj.ptr());  // any truthy value, like the fallback launcher
+    if (pdl < 0) throw nb::python_error();
     unsigned g[3], b[3];
     parse_dim3(grid.ptr(), "grid", g);
     parse_dim3(block.ptr(), "block", b);
@@ -409,7 +411,7 @@ NB_MODULE(_native, m) {
       .def(nb::init<nb::bytes, std::string, std::string, int>(), nb::arg("cubin"), nb::arg("entry"),
            nb::arg("signature"), nb::arg("device"))
       .def("launch", &Kernel::launch, nb::arg("grid"), nb::arg("block"), nb::arg("args"), nb::kw_only(),
-           nb::arg("stream"), nb::arg("smem") = 0, nb::arg("pdl") = false, nb::arg("cluster") = nb::none(),
+           nb::arg("stream"), nb::arg("smem") = 0, nb::arg("pdl") = nb::bool_(false), nb::arg("cluster") = nb::none(),
            "launch on the raw cudaStream_t `stream`; args are packed by the kernel's signature")
       .def("attribute", &Kernel::attribute, nb::arg("attr"), "cuFuncGetAttribute(attr)")
       .def_prop_ro("entry", &Kernel::entry)
