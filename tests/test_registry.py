@@ -7,7 +7,8 @@ import warnings
 import pytest
 import torch
 
-import slim_kernel  # noqa: F401  (registers the ops)
+import slim_kernel
+import slim_kernel.ops  # noqa: F401  (registers the ops)
 from slim_kernel import registry
 from slim_kernel.registry import BackendUnavailableError, KernelBackend, KernelSpec
 
@@ -101,3 +102,14 @@ def test_import_is_lazy():
             "assert 'flashinfer' not in sys.modules; "
             "assert 'slim_kernel._native' not in sys.modules")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_defer_skips_only_unpinned_selection(fake_op):
+    op, _ = fake_op
+    specs = registry._REGISTRY[op]
+    specs[0] = KernelSpec(op, KernelBackend.JIT, specs[0].target, device_types=frozenset({"cpu"}),
+                          defer=lambda out, x: "slower than torch here" if x.shape[0] == 2 else None)
+    assert _pick(op, 3) == "jit"
+    with pytest.warns(RuntimeWarning):  # flashinfer (broken target) is next in line
+        assert _pick(op, 2) == "torch"
+    assert _pick(op, 2, "jit") == "jit"

@@ -65,6 +65,9 @@ class KernelSpec:
     min_sm: tuple[int, int] | None = None
     max_sm: tuple[int, int] | None = None  # inclusive
     check: CallCheck | None = None
+    # Per-call preference: a reason to let the next backend serve this call (measured to be
+    # faster there) although this one could. Skipped by unpinned selection only.
+    defer: CallCheck | None = None
     probe: Callable[[], str | None] | None = None  # cheap availability check (no heavy import)
     note: str = ""  # the documented priority rule, shown by `slim-kernel info`
     _loaded: dict = field(default_factory=dict, compare=False, repr=False)
@@ -175,7 +178,7 @@ def select(op: str, device: torch.device, args: Sequence, backend=None) -> tuple
             raise BackendUnavailableError(f"{op}: backend {pinned.value!r} cannot serve this call: {reason}")
         return spec, fn
     for spec in specs:
-        if _reason(spec, device, args) is not None:
+        if _reason(spec, device, args) is not None or (spec.defer is not None and spec.defer(*args)):
             continue
         fn, reason = _try_load(spec)
         if fn is not None:
