@@ -30,6 +30,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_SPEC = "sgl-kernel==0.3.21"
+CONTROL_SPEC = "flashinfer-python==0.7.2"
 OPS = ("bmm_fp8", "dsv3_router_gemm", "dsv3_fused_a_gemm")
 OP_RE = re.compile(r"(?<![A-Za-z0-9])(bmm_fp8|dsv3_router_gemm|dsv3_fused_a_gemm)(?![A-Za-z0-9])")
 
@@ -107,6 +108,26 @@ def run_slim(wheel: Path, jobs: int | None, repeat: int) -> dict:
     }
 
 
+def run_control(wheel: Path) -> dict:
+    """A wheel that names the ops only in Python, JIT sources and METADATA: must be clean."""
+    env = dict(os.environ, PYTHONPATH=str(REPO / "python"))
+    cmd = [sys.executable, "-m", "slim_kernel", "audit", "--json", "--no-progress", str(wheel)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    res = json.loads(proc.stdout)
+    kinds: dict[str, int] = {}
+    for r in res["routed"]:
+        kinds[r["kind"]] = kinds.get(r["kind"], 0) + r["count"]
+    return {
+        "wheel": wheel.name,
+        "exit_code": proc.returncode,
+        "clean": res["clean"],
+        "seconds": res["seconds"],
+        "members": res["members"],
+        "findings": len(res["findings"]),
+        "routed_by_kind": kinds,
+    }
+
+
 def _grep(text: str) -> set[str]:
     return set(OP_RE.findall(text))
 
@@ -175,6 +196,13 @@ def markdown(result: dict) -> str:
         "",
         "Ops per layer: " + "; ".join(f"{k}: {', '.join(v)}" for k, v in s["ops_per_layer"].items()),
         "",
+        "Controls (must be clean; op names there are routed/info only): "
+        + "; ".join(
+            f"`{c['wheel']}` clean={c['clean']} (exit {c['exit_code']}, {c['seconds']} s, "
+            f"{c['members']} members, routed mentions {c['routed_by_kind']})"
+            for c in result["controls"]
+        ),
+        "",
     ]
     return "\n".join(lines)
 
@@ -187,10 +215,23 @@ def main(argv=None) -> int:
     p.add_argument("--jobs", type=int, default=None)
     p.add_argument("--skip-naive", action="store_true")
     p.add_argument("--repeat", type=int, default=3, help="slim-kernel audit runs (median reported)")
+    p.add_argument(
+        "--control",
+        action="append",
+        default=None,
+        metavar="SPEC_OR_WHEEL",
+        help=f"wheels that must audit clean (op names only in Python/JIT/METADATA; default {CONTROL_SPEC})",
+    )
     args = p.parse_args(argv)
     wheel = args.wheel or download(DEFAULT_SPEC, args.download_dir)
     slim = run_slim(wheel, args.jobs, args.repeat)
     print(f"slim-kernel audit: {slim['wall_seconds']} s, ops {slim['ops_found']}", flush=True)
+    controls = [
+        run_control(c if Path(c).exists() else download(c, args.download_dir))
+        for c in (args.control or [CONTROL_SPEC])
+    ]
+    for c in controls:
+        print(f"control {c['wheel']}: clean={c['clean']} routed={c['routed_by_kind']}", flush=True)
     naive = None if args.skip_naive else run_naive(wheel, find_cuobjdump())
     if naive:
         print(f"naive pipeline: {naive['wall_seconds']} s, ops {naive['ops_found']}", flush=True)
@@ -208,6 +249,7 @@ def main(argv=None) -> int:
         "slim_kernel": slim,
         "naive": naive,
         "speedup": round(naive["wall_seconds"] / slim["wall_seconds"], 2) if naive else None,
+        "controls": controls,
     }
     args.out.mkdir(parents=True, exist_ok=True)
     stem = wheel.name.split("-")[0] + "-" + wheel.name.split("-")[1]
