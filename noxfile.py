@@ -20,10 +20,13 @@ STAMP = DIST / ".source-hash"
 REPORTS = ROOT / "reports"
 CPU_TORCH = "torch==2.13.0"  # the CPU build this workplace serves locally; never an unpinned torch
 TEST_DEPS = ["pytest>=8", "hypothesis>=6", "pyelftools>=0.31", "zstandard>=0.22", "lz4>=4.3", "numpy",
-             "tqdm", "cuda-bindings>=13", "nvidia-cuda-nvrtc==13.0.*", "nvidia-cuda-cuobjdump==13.0.*"]
+             "tqdm", "cuda-bindings>=13", "nvidia-cuda-nvrtc==13.0.*", "nvidia-cuda-cuobjdump", "matplotlib",
+             "scikit-build-core>=0.10", "nanobind>=2.4", "ninja"]
 
 nox.options.default_venv_backend = "venv"
-nox.options.sessions = ["build"]
+AUDIT_DEPS = ["pyelftools>=0.31", "zstandard>=0.22", "lz4>=4.3", "tqdm", "matplotlib"]
+
+nox.options.sessions = ["build", "audit"]
 
 
 def _source_hash() -> str:
@@ -79,6 +82,19 @@ def test(session: nox.Session) -> None:
     tmp = session.create_tmp()
     session.run("python", "-m", "pytest", str(ROOT / "tests"), "-p", "no:cacheprovider", "--basetemp",
                 os.path.join(tmp, "pytest"), *session.posargs, env={"SLIM_KERNEL_CACHE_DIR": os.path.join(tmp, "jit")})
+
+
+@nox.session
+def audit(session: nox.Session) -> None:
+    """Audit the built wheel for retired AOT code (fails on any finding). Needs no torch."""
+    wheel = _fresh_wheel(session)
+    session.install(*AUDIT_DEPS)
+    session.install("--no-deps", "--force-reinstall", str(wheel))
+    REPORTS.mkdir(exist_ok=True)
+    session.run("slim-kernel", "audit", str(wheel), *session.posargs)
+    with open(REPORTS / "audit.json", "w") as f:
+        session.run("slim-kernel", "audit", "--json", str(wheel), stdout=f)
+    session.log(f"audit JSON: {REPORTS / 'audit.json'}")
 
 
 @nox.session

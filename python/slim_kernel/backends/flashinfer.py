@@ -39,10 +39,13 @@ class _CublasFp8Direct:
 
     def __init__(self):
         from flashinfer.gemm import gemm_base
+        from flashinfer.jit.gemm import gen_gemm_module
 
         self._gb = gemm_base
         self._tuner = gemm_base.AutoTuner.get()
         self._runner = gemm_base.get_gemm_module().cublas_fp8_gemm_runner()
+        # What the runner calls for tactic -1 (cuBLASLt's heuristic): called directly here.
+        self._heuristic = gen_gemm_module().build_and_load().bmm_fp8
         self._tactics: dict = {}
         self._workspaces: dict = {}
 
@@ -58,7 +61,10 @@ class _CublasFp8Direct:
         if tactic is None or tuner.is_tuning_mode:
             _, tactic = tuner.choose_one("fp8_gemm", [self._runner], gb._FP8_GEMM_SM100_TUNING_CONFIG, inputs)
             self._tactics[key] = tactic
-        self._runner(inputs=inputs, tactic=tactic)
+        if tactic == -1:
+            self._heuristic(A, B, out, A_scale, B_scale, ws)
+        else:
+            self._runner(inputs=inputs, tactic=tactic)
 
 
 _direct: list = []  # [_CublasFp8Direct | None] once decided (built lazily: it JIT-builds flashinfer's gemm module)
@@ -81,7 +87,9 @@ def bmm_fp8(out: torch.Tensor, A: torch.Tensor, B: torch.Tensor, A_scale: torch.
     # (a no-op for the usual contiguous A and W.transpose(-2, -1) B).
     if not A.is_contiguous():
         A = A.contiguous()
-    if not B.transpose(-2, -1).is_contiguous():
+    b, k, n = B.shape
+    sb = B.stride()
+    if not (sb[1] == 1 and (n == 1 or sb[2] == k) and (b == 1 or sb[0] == k * n)):
         B = B.transpose(-2, -1).contiguous().transpose(-2, -1)
     direct = _direct[0] if _direct else direct_bmm_fp8()
     if direct is not None:

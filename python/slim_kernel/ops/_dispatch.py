@@ -22,6 +22,9 @@ from torch._C import _functorch
 from .. import registry
 
 _MAX_PLANS = 4096
+# os.environ.get costs ~0.6 µs (str->bytes encoding); the POSIX bytes mapping behind it is
+# kept in sync by os.environ and read in ~0.04 µs. Fall back to os.environ elsewhere.
+_ENV_BYTES = getattr(os.environ, "_data", None) if os.name == "posix" else None
 
 LIB = torch.library.Library("slim_kernel", "DEF")
 
@@ -53,6 +56,13 @@ def define(op: str, params: str):
     return getattr(torch.ops.slim_kernel, op).default
 
 
+def _env_reader(name: str):
+    if _ENV_BYTES is not None:
+        key = name.encode()
+        return lambda: _ENV_BYTES.get(key)
+    return lambda: os.environ.get(name)
+
+
 def _modes_active() -> bool:
     """Anything that must see the op through the dispatcher (modes, functorch, jit tracing)."""
     return bool(torch._C._len_torch_dispatch_stack() or torch._C._is_torch_function_mode_enabled()
@@ -66,11 +76,12 @@ class Op:
         self.name = name
         self.overload = define(name, params)
         self._env = registry.env_var(name)
+        self._env_get = _env_reader(self._env)
         self._plans: dict = {}
 
     def _key(self, backend, output, inputs, extra) -> tuple[tuple, bool]:
         """(call signature, whether the call is plain eager); raises on non-tensors / fake tensors."""
-        key = [backend, os.environ.get(self._env), extra, output is None]
+        key = [backend, self._env_get(), extra, output is None]
         grad = torch.is_grad_enabled()
         plain = not _modes_active()
         for t in inputs if output is None else (output, *inputs):
