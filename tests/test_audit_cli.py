@@ -13,13 +13,15 @@ from pathlib import Path
 import pytest
 from audit_fixtures import GXX, fatbin_of, host_lib, make_wheel, tiny_elf
 
+import slim_kernel
 from slim_kernel.audit import runner
 from slim_kernel.audit.limits import Limits
 from slim_kernel.audit.rules import Rules, parse_retired
 from slim_kernel.audit.scan import ScanContext, scan_member
 from slim_kernel.cli import main
 
-REPO = Path(__file__).resolve().parents[1]
+# the slim_kernel under test (source tree or installed wheel), for subprocesses
+PACKAGE_ROOT = str(Path(slim_kernel.__file__).resolve().parents[1])
 TU = "_ZN51_INTERNAL_1a2b3c4d_19_dsv3_router_gemm_cu_5e6f7a8b7counterE"
 
 
@@ -165,7 +167,7 @@ def test_cli_does_not_import_torch(tmp_path, command):
         f"rc = main({command[:1] + [str(wheel)] + command[1:] + ['--no-progress']!r}); "
         "assert 'torch' not in sys.modules, 'torch imported'; sys.exit(rc)"
     )
-    env = dict(os.environ, PYTHONPATH=str(REPO / "python"))
+    env = dict(os.environ, PYTHONPATH=PACKAGE_ROOT)
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
     assert proc.returncode == 0, proc.stderr
     proc = subprocess.run(

@@ -21,12 +21,14 @@ from audit_fixtures import (
     zip_with_info,
 )
 
+import slim_kernel
 from slim_kernel.audit import wheel as wheel_mod
 from slim_kernel.audit.limits import HostileArchiveError, Limits
 from slim_kernel.audit.wheel import WheelArchive
 from slim_kernel.cli import main
 
-REPO = Path(__file__).resolve().parents[1]
+# the slim_kernel under test (source tree or installed wheel), for subprocesses
+PACKAGE_ROOT = str(Path(slim_kernel.__file__).resolve().parents[1])
 
 
 def refused(capsys, wheel, *needles: str) -> dict:
@@ -182,7 +184,7 @@ def test_nothing_written_outside_private_tempdir(tmp_path):
     wheel = make_wheel(tmp_path / "w" / "ok.whl", {"pkg/a.py": b"x = 1\n"})
     cwd = tmp_path / "cwd"
     cwd.mkdir()
-    env = dict(os.environ, PYTHONPATH=str(REPO / "python"), TMPDIR=str(tmp_path / "tmp"))
+    env = dict(os.environ, PYTHONPATH=PACKAGE_ROOT, TMPDIR=str(tmp_path / "tmp"))
     (tmp_path / "tmp").mkdir()
     proc = subprocess.run(
         [sys.executable, "-m", "slim_kernel", "audit", str(wheel)],

@@ -11,9 +11,8 @@ import multiprocessing
 import os
 import struct
 import sys
-import threading
 import time
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import dataclass, field
 
 from .limits import AuditInputError, MalformedBinaryError, MiB
@@ -180,33 +179,29 @@ def scan_wheel(
 
 
 def _run_pool(path: str, tasks: list[list[Member]], ctx: ScanContext, jobs: int, bar: Progress):
+    """Run tasks on worker processes; progress reports are drained on this thread (no helper
+    thread, so forking workers is safe)."""
     method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
     mp = multiprocessing.get_context(method)
     queue = mp.SimpleQueue()
 
     def drain() -> None:
-        while True:
-            n = queue.get()
-            if n is None:
-                return
-            bar.update(n)
+        while not queue.empty():
+            bar.update(queue.get())
 
-    reader = threading.Thread(target=drain, daemon=True)
-    reader.start()
-    out: list[MemberScan] = []
-    try:
-        with ProcessPoolExecutor(
-            max_workers=min(jobs, len(tasks)), mp_context=mp, initializer=_init_worker, initargs=(queue,)
-        ) as pool:
-            futures = [pool.submit(_scan_task, path, task, ctx) for task in tasks]
-            try:
-                for fut in futures:
-                    out.extend(fut.result())
-            except BaseException:
-                for fut in futures:
-                    fut.cancel()
-                raise
-    finally:
-        queue.put(None)
-        reader.join(timeout=5)
-    return out
+    with ProcessPoolExecutor(
+        max_workers=min(jobs, len(tasks)), mp_context=mp, initializer=_init_worker, initargs=(queue,)
+    ) as pool:
+        futures = [pool.submit(_scan_task, path, task, ctx) for task in tasks]
+        pending = set(futures)
+        try:
+            while pending:
+                done, pending = wait(pending, timeout=0.2, return_when=FIRST_COMPLETED)
+                drain()
+                for fut in done:
+                    fut.result()  # raise the first error now
+        except BaseException:
+            pool.shutdown(wait=False, cancel_futures=True)
+            raise
+        drain()
+    return [scan for fut in futures for scan in fut.result()]
