@@ -178,3 +178,15 @@ def test_cli_does_not_import_torch(tmp_path, command):
     )
     assert proc.returncode == 0, proc.stderr
     assert ("CLEAN" if command == ["audit"] else "t.whl:") in proc.stdout
+
+
+def test_demangler_batches_and_refuses_odd_names():
+    from slim_kernel.audit import demangle
+
+    if not demangle.available():
+        pytest.skip("c++filt not found")
+    names = ["_Z7bmm_fp8v", "plain_name", "_Z3foo\x85bar", "_Z" + "a" * 10_000, "_Z16dsv3_router_gemmi"]
+    out = demangle.demangle_all(names)
+    assert out["_Z7bmm_fp8v"] == "bmm_fp8()" and out["_Z16dsv3_router_gemmi"] == "dsv3_router_gemm(int)"
+    assert out["plain_name"] == "plain_name" and out["_Z3foo\x85bar"] == "_Z3foo\x85bar"
+    assert out["_Z" + "a" * 10_000] == "_Z" + "a" * 10_000

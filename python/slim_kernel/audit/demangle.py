@@ -16,6 +16,10 @@ def _tool() -> str | None:
     return shutil.which("c++filt")
 
 
+MAX_NAME = 8192  # longer names stay mangled (bounded demangler work on hostile input)
+TIMEOUT_S = 60
+
+
 def available() -> bool:
     return _tool() is not None
 
@@ -24,21 +28,27 @@ def demangle_all(names) -> dict[str, str]:
     """Map each name to its demangled form (itself when not a mangled C++ name)."""
     names = list(dict.fromkeys(names))
     out = {n: n for n in names}
-    mangled = [n for n in names if n.startswith("_Z") and "\n" not in n]
+    mangled = [
+        n for n in names if n.startswith("_Z") and n.isascii() and n.isprintable() and len(n) <= MAX_NAME
+    ]
     if not mangled:
         return out
     tool = _tool()
     if tool is None:
         return out
-    proc = subprocess.run(
-        [tool],
-        input="\n".join(mangled) + "\n",
-        capture_output=True,
-        text=True,
-        encoding="latin-1",
-        check=False,
-    )
-    lines = proc.stdout.splitlines()
+    try:
+        proc = subprocess.run(
+            [tool],
+            input="\n".join(mangled) + "\n",
+            capture_output=True,
+            text=True,
+            encoding="latin-1",
+            check=False,
+            timeout=TIMEOUT_S,
+        )
+    except subprocess.TimeoutExpired:
+        return out  # a crafted name can make demanglers crawl: keep names mangled
+    lines = proc.stdout.split("\n")[:-1]
     if proc.returncode == 0 and len(lines) == len(mangled):
         out.update(zip(mangled, lines))
     return out
