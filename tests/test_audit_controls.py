@@ -244,3 +244,19 @@ def test_static_archive_objects(build, capsys):
         ("dsv3_fused_a_gemm", "elf-symtab"),
         ("bmm_fp8", "rodata-string"),
     }
+
+
+def test_fatbin_hidden_in_a_binary_data_file(capsys, tmp_path):
+    """Device code inside an arbitrary binary member is still found (as shipped fatbin)."""
+    from audit_fixtures import fatbin_of, tiny_elf
+
+    blob = (
+        b"\x00DATA" * 1000
+        + fatbin_of([(tiny_elf(["dsv3_router_gemm_kernel"]), 90, 0x100011)])
+        + b"\x00" * 100
+    )
+    rc, res = audit(capsys, make_wheel(tmp_path / "hidden.whl", {"pkg/data/weights.bin": blob}))
+    assert rc == 1 and {(f["op"], f["layer"]) for f in res["findings"]} == {
+        ("dsv3_router_gemm", "shipped-fatbin")
+    }
+    assert "1 other binary files" in res["layers"]["shipped-fatbin"]["scanned"]

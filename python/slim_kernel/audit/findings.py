@@ -57,7 +57,8 @@ def _scanned(layer: str, st: Counter) -> str:
     if layer == "ptx-entry":
         return f"{st['ptxs']} PTX modules, {st['ptx_names']:,} entries"
     kind = layer.split("-", 1)[1]
-    return f"{st['shipped_' + kind]} shipped .{kind} files"
+    extra = f", {st['shipped_binary']} other binary files searched for fatbins" if kind == "fatbin" else ""
+    return f"{st['shipped_' + kind]} shipped .{kind} files{extra}"
 
 
 def audit_result(scan: WheelScan, rules: Rules) -> dict:

@@ -22,6 +22,7 @@ from .rules import Rules
 from .stream import CHUNK, Pull, SpanStore, SubReader
 
 AR_MAGIC = b"!<arch>\n"
+SNIFF = 4096  # bytes looked at to tell a member's kind
 TEXT_OVERLAP = 256
 ROUTED_SNIPPETS = 3
 _PYTHON = {".py", ".pyi", ".pyx", ".pxd"}
@@ -90,6 +91,8 @@ def classify(name: str, head: bytes) -> str:
         return "ar"
     if name.lower().endswith(".ptx"):
         return "ptx"
+    if routed_kind(name) == "other" and b"\x00" in head:
+        return "binary"
     return "text"
 
 
@@ -159,28 +162,39 @@ def _scan_host_elf(src: Pull, col: _Collector, ctx: ScanContext, label: str) -> 
     stats = col.scan.stats
 
     def on_entry(entry: fatbin.Entry, payload: bytes) -> None:
-        col.count_entry()
-        stats[f"fatbin_{entry.compression}"] += 1
-        code = _device_code(entry, payload, ctx, f"{label}: fatbin entry at {entry.offset}")
+        code = _entry_code(entry, payload, col, ctx, label)
         if code is not None:
             layers = ("fatbin-tu", "ptx-entry" if code.kind == "ptx" else "fatbin-kernel")
             col.add_entry(code, layers, entry)
 
     with SpanStore(src.size, ctx.limits.retained_in_memory, label) as store:
-        while True:
-            avail = src.fill(CHUNK)
-            if avail == 0:
-                break
-            i = fatbin.find_container(src.buf)
-            if i < 0:
-                keep = avail if src.remaining == avail else max(avail - len(fatbin.HEADER_PATTERN) + 1, 0)
-                store.add(src.pos, src.take(keep))
-                continue
-            store.add(src.pos, src.take(i))
-            stats["fatbin_containers"] += 1
-            stats["fatbin_bytes"] += fatbin.read_container(src, ctx.limits, on_entry)
+        _stream_containers(src, col, ctx, on_entry, store.add)
         stats["elf_files"] += 1
         _scan_elf_tables(ElfFile(store, ctx.limits, label), store, col, ctx)
+
+
+def _stream_containers(src: Pull, col: _Collector, ctx: ScanContext, on_entry, keep) -> None:
+    """One pass over `src`: fatbin containers (wherever they are) go to `on_entry` entry by
+    entry; every other byte goes to `keep(offset, bytes)`."""
+    stats = col.scan.stats
+    while True:
+        avail = src.fill(CHUNK)
+        if avail == 0:
+            break
+        i = fatbin.find_container(src.buf)
+        if i < 0:
+            n = avail if src.remaining == avail else max(avail - len(fatbin.HEADER_PATTERN) + 1, 0)
+            keep(src.pos, src.take(n))
+            continue
+        keep(src.pos, src.take(i))
+        stats["fatbin_containers"] += 1
+        stats["fatbin_bytes"] += fatbin.read_container(src, ctx.limits, on_entry)
+
+
+def _entry_code(entry: fatbin.Entry, payload: bytes, col: _Collector, ctx: ScanContext, label: str):
+    col.count_entry()
+    col.scan.stats[f"fatbin_{entry.compression}"] += 1
+    return _device_code(entry, payload, ctx, f"{label}: fatbin entry at {entry.offset}")
 
 
 def _device_code(entry: fatbin.Entry, payload: bytes, ctx: ScanContext, what: str) -> DeviceCode | None:
@@ -315,20 +329,16 @@ def scan_member(
     stream, name: str, unpacked: int, compressed: int, ctx: ScanContext, on_progress=None
 ) -> MemberScan:
     src = Pull(stream, unpacked, name, on_progress)
-    src.fill(64)
-    kind = classify(name, bytes(src.buf[:64]))
+    src.fill(SNIFF)
+    kind = classify(name, bytes(src.buf[:SNIFF]))
     scan = MemberScan(name, kind, unpacked, compressed)
     col = _Collector(scan, ctx)
     if kind == "elf":
         _scan_host_elf(src, col, ctx, name)
     elif kind == "ar":
         _scan_ar(src, col, ctx, name)
-    elif kind == "fatbin":
-        while src.remaining:
-            if src.fill(16) >= 16 and fatbin.find_container(bytes(src.buf[:16])) == 0:
-                fatbin.read_container(src, ctx.limits, lambda e, p: _shipped_entry(e, p, col, ctx, name))
-            else:
-                src.skip(src.remaining)  # trailing padding
+    elif kind in ("fatbin", "binary"):  # a shipped fatbin, or fatbins hidden in any binary file
+        _stream_containers(src, col, ctx, lambda e, p: _shipped_entry(e, p, col, ctx, name), _discard)
         scan.stats[f"shipped_{kind}"] += 1
     elif kind in ("cubin", "ptx"):
         if unpacked > ctx.limits.max_entry_unpacked:
@@ -347,8 +357,11 @@ def scan_member(
     return scan
 
 
+def _discard(offset: int, data: bytes) -> None:
+    pass
+
+
 def _shipped_entry(entry: fatbin.Entry, payload: bytes, col: _Collector, ctx: ScanContext, name: str) -> None:
-    col.count_entry()
-    code = _device_code(entry, payload, ctx, f"{name}: fatbin entry at {entry.offset}")
+    code = _entry_code(entry, payload, col, ctx, name)
     if code is not None:
         col.add_entry(code, ("shipped-fatbin", "shipped-fatbin"), entry)
