@@ -92,7 +92,7 @@ def test_fuzz_host_elf_member(data):
 @SLOW
 @given(inputs(CUBIN, FATBIN, LZ4_ENTRY, HOST_WITH_FATBIN))
 def _fuzz_all_readers_long(data):
-    for name in ("pkg/k.cubin", "pkg/k.fatbin", "pkg/_ops.so", "pkg/lib.a", "pkg/k.ptx"):
+    for name in ("pkg/k.cubin", "pkg/k.fatbin", "pkg/_ops.so", "pkg/lib.a", "pkg/k.ptx", "pkg/data.bin"):
         _must_be_clean_error(_scan(name), data)
 
 
