@@ -101,12 +101,12 @@ def test_size_attribution_and_arch_split(capsys, wheels):
 @needs_gxx
 def test_baseline_reduction_and_member_diff(capsys, wheels, tmp_path):
     slim, base, parts = wheels
-    md, png = tmp_path / "r.md", tmp_path / "r.png"
-    args = [slim, "--baseline", base, "--markdown", md]
+    md, png, js = tmp_path / "r.md", tmp_path / "r.png", tmp_path / "r.json"
+    args = [slim, "--baseline", base, "--markdown", md, "--json-file", js]
     if _has_matplotlib():
         args += ["--png", png]
     rc, rep = size_json(capsys, *args)
-    assert rc == 0
+    assert rc == 0 and json.loads(js.read_text()) == rep
     cmp = rep["comparison"]
     assert cmp["file_bytes"]["bytes"] == os.path.getsize(base) - os.path.getsize(slim)
     assert cmp["file_bytes"]["percent"] == pytest.approx(

@@ -24,6 +24,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("wheel", metavar="WHEEL", help="the wheel to measure")
     parser.add_argument("--baseline", metavar="WHEEL", help="wheel to compare against (e.g. the AOT build)")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    parser.add_argument("--json-file", metavar="FILE", help="also write the JSON report to FILE")
     parser.add_argument("--markdown", metavar="FILE", help="write a Markdown report")
     parser.add_argument("--png", metavar="FILE", help="write a PNG chart (needs matplotlib)")
     parser.add_argument(
@@ -76,6 +77,8 @@ def run(args) -> int:
     except AuditInputError as exc:
         print(f"slim-kernel size: cannot read wheel: {exc}", file=sys.stderr)
         return EXIT_UNREADABLE
+    if args.json_file:
+        Path(args.json_file).write_text(json.dumps(report, indent=2) + "\n")
     if args.markdown:
         Path(args.markdown).write_text(markdown(report))
     if args.png:
