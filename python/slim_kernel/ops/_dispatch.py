@@ -79,16 +79,17 @@ class Op:
         self._env_get = _env_reader(self._env)
         self._plans: dict = {}
 
-    def _key(self, backend, output, inputs, extra) -> tuple[tuple, bool]:
-        """(call signature, whether the call is plain eager); raises on non-tensors / fake tensors."""
+    def _key(self, backend, output, inputs, extra) -> tuple | None:
+        """The call signature of a plain eager call, else None (modes, subclasses, autograd)."""
+        if _modes_active():
+            return None
         key = [backend, self._env_get(), extra, output is None]
         grad = torch.is_grad_enabled()
-        plain = not _modes_active()
         for t in inputs if output is None else (output, *inputs):
-            key += (t.shape, t.stride(), t.dtype, t.device, t.data_ptr() & 15)
             if type(t) is not torch.Tensor or (grad and t.requires_grad):
-                plain = False
-        return tuple(key), plain
+                return None
+            key += (t.shape, t.stride(), t.dtype, t.device, t.data_ptr() & 15)
+        return tuple(key)
 
     def __call__(self, validate, backend, output, inputs: tuple, extra=()) -> torch.Tensor:
         """Run the op. ``validate()`` raises on bad input, else returns (out shape, out dtype)."""
@@ -99,10 +100,10 @@ class Op:
             self.overload(output, *inputs, backend)
             return output
         try:
-            key, plain = self._key(backend, output, inputs, extra)
-            plan = self._plans.get(key)
-        except (AttributeError, TypeError, RuntimeError):  # non-tensor / storage-less: validate() decides
-            key, plain, plan = None, False, None
+            key = self._key(backend, output, inputs, extra)
+            plan = self._plans.get(key) if key is not None else None
+        except TypeError:  # an unhashable argument: validate() names it
+            key = plan = None
         if plan is None:
             shape, dtype = validate()
             plan = [shape, dtype, inputs[0].device, None]
@@ -113,7 +114,7 @@ class Op:
         shape, dtype, device, fn = plan
         if output is None:
             output = torch.empty(shape, dtype=dtype, device=device)
-        if plain:
+        if key is not None:
             if fn is None:
                 _, fn = registry.select(self.name, device, (output, *inputs), backend)
                 plan[3] = fn
