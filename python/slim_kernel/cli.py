@@ -30,7 +30,11 @@ def main(argv: list[str] | None = None) -> int:
             module.add_arguments(p)
             p.set_defaults(_run=module.run)
     args = parser.parse_args(argv)
-    return int(args._run(args) or 0)
+    try:
+        return int(args._run(args) or 0)
+    except BrokenPipeError:  # `slim-kernel info | head`: the reader left; not an error of ours
+        sys.stderr.close()
+        return 0
 
 
 if __name__ == "__main__":
