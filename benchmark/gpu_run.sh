@@ -6,7 +6,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/slim_out}; mkdir -p "$OUT"
-STAGES=${*:-tests bench launch eager}
+STAGES=${*:-tests bench launch eager aot}
 export PYTHONUNBUFFERED=1 FLASHINFER_WORKSPACE_BASE=/tmp/fiws FLASHINFER_CUDA_ARCH_LIST=9.0a MAX_JOBS=16
 export SLIM_KERNEL_CACHE_DIR=/tmp/slim_cache
 t0=$(date +%s)
@@ -20,13 +20,13 @@ fi
 # background while the project installs, into the same workspace the tests then reuse.
 warm_pids=()
 for step in bmm_fp8 router tinygemm; do
-  python3 benchmark/warm_flashinfer.py $step >>"$OUT/warm_flashinfer.log" 2>&1 & warm_pids+=($!)
+  python3 benchmark/warm_flashinfer.py $step >>/tmp/warm_flashinfer.log 2>&1 & warm_pids+=($!)
 done
 
 stamp "installing slim-kernel"
 python3 -m pip install -q --no-build-isolation --no-deps . 2>&1 | tail -5
 (cd /tmp && python3 -m slim_kernel info) | tee "$OUT/info.txt"
-stamp "waiting for flashinfer modules"; wait "${warm_pids[@]}"; tail -3 "$OUT/warm_flashinfer.log"
+stamp "waiting for flashinfer modules"; wait "${warm_pids[@]}"; tee -a "$OUT/info.txt" </tmp/warm_flashinfer.log
 
 summary=()
 if [[ " $STAGES " == *" tests "* ]]; then
@@ -47,6 +47,15 @@ fi
 if [[ " $STAGES " == *" eager "* && -f benchmark/bench_eager.py ]]; then
   stamp "bench_eager"
   python3 benchmark/bench_eager.py --json "$OUT/bench_eager.json" --png "$OUT/bench_eager.png" 2>&1 | tail -30
+fi
+if [[ " $STAGES " == *" aot "* && -d csrc/aot_baseline ]]; then
+  # Last: installing the AOT baseline replaces the shipped build in this environment.
+  stamp "building the AOT baseline (sm_90a) and testing it against the JIT path"
+  SLIM_KERNEL_AOT_BASELINE=ON SLIM_KERNEL_AOT_ARCHS=90a python3 -m pip install -q --no-build-isolation --no-deps . \
+      >"$OUT/aot_gpu.log" 2>&1
+  python3 -m pytest tests/test_aot_baseline_gpu.py -m gpu -q -p no:cacheprovider -o addopts="" -rfEs \
+      >>"$OUT/aot_gpu.log" 2>&1
+  summary+=("aot baseline on GPU: $(tail -1 "$OUT/aot_gpu.log")")
 fi
 stamp "done"
 grep -E "^(FAILED|ERROR)" "$OUT/pytest_gpu.log" 2>/dev/null | head -20
