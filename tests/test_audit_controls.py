@@ -260,3 +260,46 @@ def test_fatbin_hidden_in_a_binary_data_file(capsys, tmp_path):
         ("dsv3_router_gemm", "shipped-fatbin")
     }
     assert "1 other binary files" in res["layers"]["shipped-fatbin"]["scanned"]
+
+
+@needs_gxx
+def test_code_hidden_in_nested_archives(build, capsys, tmp_path):
+    """A vendored wheel/zip or a tarball inside the wheel is opened and scanned too."""
+    import io
+    import tarfile
+
+    lib = host_lib(build / "nest", "nest", exported=["dsv3_router_gemm"], strip=True).read_bytes()
+    inner = make_wheel(
+        tmp_path / "inner-1.0-py3-none-any.whl", {"inner/_ops.so": lib, "inner/a.py": b"bmm_fp8\n"}
+    )
+    rc, res = audit(capsys, make_wheel(tmp_path / "outer.whl", {"pkg/vendor/inner.whl": inner.read_bytes()}))
+    assert rc == 1 and res["ops_found"] == ["dsv3_router_gemm"]
+    (f,) = res["findings"]
+    assert f["member"] == "pkg/vendor/inner.whl" and f["layer"] == "elf-dynsym"
+    assert f["evidence"].startswith("inner/_ops.so: dsv3_router_gemm(at::Tensor&")
+    assert [r["member"] for r in res["routed"]] == ["pkg/vendor/inner.whl!inner/a.py"]
+
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tf:
+        info = tarfile.TarInfo("libs/_ops.so")
+        info.size = len(lib)
+        tf.addfile(info, io.BytesIO(lib))
+    rc, res = audit(capsys, make_wheel(tmp_path / "tar.whl", {"pkg/data/libs.tar.gz": buf.getvalue()}))
+    assert rc == 1 and res["ops_found"] == ["dsv3_router_gemm"]
+    assert res["findings"][0]["evidence"].startswith("libs/_ops.so: ")
+
+
+def test_nested_archive_limits(capsys, tmp_path):
+    level = make_wheel(tmp_path / "l0.whl", {"pkg/a.py": b"x = 1\n"}).read_bytes()
+    for i in range(1, 5):
+        level = make_wheel(tmp_path / f"l{i}.whl", {f"pkg/l{i - 1}.zip": level}).read_bytes()
+    (tmp_path / "deep.whl").write_bytes(level)
+    rc, res = audit(capsys, tmp_path / "deep.whl")
+    assert rc == 2 and "nested more than 3 deep" in res["error"]
+    import zipfile
+
+    bomb = tmp_path / "bomb.zip"
+    with zipfile.ZipFile(bomb, "w", zipfile.ZIP_DEFLATED) as zf:
+        zf.writestr("zeros.bin", b"\0" * (64 << 20))
+    rc, res = audit(capsys, make_wheel(tmp_path / "nb.whl", {"pkg/bomb.zip": bomb.read_bytes()}))
+    assert rc == 2 and "pkg/bomb.zip (nested zip)" in res["error"] and "zip bomb" in res["error"]

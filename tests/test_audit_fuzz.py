@@ -92,7 +92,17 @@ def test_fuzz_host_elf_member(data):
 @SLOW
 @given(inputs(CUBIN, FATBIN, LZ4_ENTRY, HOST_WITH_FATBIN))
 def _fuzz_all_readers_long(data):
-    for name in ("pkg/k.cubin", "pkg/k.fatbin", "pkg/_ops.so", "pkg/lib.a", "pkg/k.ptx", "pkg/data.bin"):
+    for name in (
+        "pkg/k.cubin",
+        "pkg/k.fatbin",
+        "pkg/_ops.so",
+        "pkg/lib.a",
+        "pkg/k.ptx",
+        "pkg/data.bin",
+        "pkg/v.zip",
+        "pkg/v.tar.gz",
+        "pkg/v.tar.xz",
+    ):
         _must_be_clean_error(_scan(name), data)
 
 
@@ -138,3 +148,40 @@ def test_seeds_are_meaningful():
     assert scan.stats["cubins"] == 2
     assert {h.op for h in scan.hits} == {"bmm_fp8", "dsv3_router_gemm"}
     assert {b.arch for b in scan.blobs} == {"sm_90a", "sm_100a"}
+
+
+def _archives():
+    import gzip
+    import io
+    import tarfile
+
+    from audit_fixtures import make_wheel
+
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tf:
+        info = tarfile.TarInfo("k.fatbin")
+        info.size = len(FATBIN)
+        tf.addfile(info, io.BytesIO(FATBIN))
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        whl = make_wheel(Path(tmp) / "v.whl", {"k.fatbin": FATBIN}).read_bytes()
+    return buf.getvalue(), gzip.compress(buf.getvalue()), whl
+
+
+TAR, TGZ, ZIP = _archives()
+
+
+@FAST
+@given(inputs(TAR, TGZ, ZIP))
+def test_fuzz_nested_archives(data):
+    for name in ("pkg/v.tar", "pkg/v.tar.gz", "pkg/v.zip"):
+        _must_be_clean_error(_scan(name), data)
+
+
+def test_archive_seeds_are_meaningful():
+    for name, blob in (("pkg/v.tar", TAR), ("pkg/v.tar.gz", TGZ), ("pkg/v.zip", ZIP)):
+        scan = _scan(name)(blob)
+        assert scan.kind in ("tar", "zip") and {h.op for h in scan.hits} == {"bmm_fp8", "dsv3_router_gemm"}, (
+            name
+        )

@@ -14,7 +14,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 
-from . import demangle, fatbin
+from . import demangle, fatbin, nested
 from .device import DeviceCode, summarize_cubin, summarize_ptx
 from .elf import ELF_MAGIC, EM_CUDA, ElfFile, StringHits
 from .limits import AuditInputError, Limits, MalformedBinaryError
@@ -89,6 +89,9 @@ def classify(name: str, head: bytes) -> str:
         return "fatbin"
     if head[:8] == AR_MAGIC:
         return "ar"
+    archive = nested.archive_kind(name, head)
+    if archive:
+        return archive
     if name.lower().endswith(".ptx"):
         return "ptx"
     if routed_kind(name) == "other" and b"\x00" in head:
@@ -326,7 +329,7 @@ def _scan_text(src: Pull, scan: MemberScan, ctx: ScanContext) -> None:
 
 # -- dispatch -------------------------------------------------------------------------------
 def scan_member(
-    stream, name: str, unpacked: int, compressed: int, ctx: ScanContext, on_progress=None
+    stream, name: str, unpacked: int, compressed: int, ctx: ScanContext, on_progress=None, depth: int = 0
 ) -> MemberScan:
     src = Pull(stream, unpacked, name, on_progress)
     src.fill(SNIFF)
@@ -337,6 +340,8 @@ def scan_member(
         _scan_host_elf(src, col, ctx, name)
     elif kind == "ar":
         _scan_ar(src, col, ctx, name)
+    elif kind in ("zip", "tar"):  # an archive inside the wheel: scan what it holds
+        nested.scan_archive(kind, src, scan, ctx, depth, scan_member)
     elif kind in ("fatbin", "binary"):  # a shipped fatbin, or fatbins hidden in any binary file
         _stream_containers(src, col, ctx, lambda e, p: _shipped_entry(e, p, col, ctx, name), _discard)
         scan.stats[f"shipped_{kind}"] += 1
