@@ -209,6 +209,14 @@ CONFIGS = [
     "rt=2,stages=4,warps=3,split=5,push=1",
     "rt=1,stages=8,warps=2,split=16,push=1",
     "8:rt=1,stages=4,warps=8,split=1;16:rt=4,stages=4,warps=4,split=4",
+    # bulk-copy kernel: tiny ring (wraps many times), wide stages, odd cluster sizes, 8 consumers
+    "rt=1,stages=2,warps=1,split=1,bulk=1,kc=64",
+    "rt=1,stages=3,warps=3,split=5,bulk=1,kc=128",
+    "rt=1,stages=6,warps=8,split=0,bulk=1,kc=512",
+    "rt=1,stages=12,warps=4,split=1,bulk=1,kc=256",
+    "rt=2,stages=4,warps=4,split=2,bulk=1",
+    "rt=2,stages=3,warps=2,split=1,bulk=1,kc=160",
+    "8:rt=1,stages=8,warps=4,split=2,bulk=1;16:rt=1,stages=4,warps=2,split=7,bulk=1,kc=96",
 ]
 
 
@@ -278,7 +286,8 @@ def test_instance_compiles_within_limits(inst, tmp_path):
     assert smem <= limits["max_smem_static"], f"static smem {smem} > declared {limits['max_smem_static']}"
     sass = _sass(tmp_path / "k.cubin")
     if sass is not None:  # tensor-core MMA and async copies really are in the machine code
-        assert "HMMA.16816.F32.BF16" in sass and "LDGSTS" in sass, sass[:2000]
+        copy = "UBLKCP" if dict(inst.defines).get("SK_BULK") else "LDGSTS"
+        assert "HMMA.16816.F32.BF16" in sass and copy in sass, sass[:2000]
 
 
 def _sass(cubin: Path) -> str | None:

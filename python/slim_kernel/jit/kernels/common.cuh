@@ -348,4 +348,231 @@ __device__ __forceinline__ void skinny_gemm(const __nv_bfloat16* __restrict__ ac
     }
 }
 
+
+// ------------------------------------------------------------------------------------------------
+// Bulk-copy variant (SK_BULK=1): one producer warp streams the CTA's 16*RT weight rows and the
+// activation rows into a STAGES-deep shared-memory ring with 1-D cp.async.bulk copies (one copy
+// per row and stage, KC k wide), completing on a "full" mbarrier per stage; CW consumer warps
+// split each stage's 32-k blocks, run the same K-permuted swap-AB mma.sync as above, and release
+// the stage on an "empty" mbarrier (CW arrivals). Bytes in flight per SM = STAGES * 16*RT * KC * 2
+// (64 KB at RT=1, KC=256, STAGES=8) instead of one thread's cp.async groups: what a
+// bandwidth-bound fused-A needs (Little's law: ~4.1 TB/s x ~1 us / 132 SMs = ~32 KB per SM).
+// Rows >= N and tokens >= M are not copied: their smem holds stale data that only reaches
+// outputs that are never stored. A partial last 32-k block is masked (both operands zeroed).
+// Cluster split-K (grid.y = cluster size S) reduces like the pull mode above.
+// Shared memory: ring | full[STAGES] | empty[STAGES] | warp partials | CTA sums (bulk_smem_bytes).
+__host__ __device__ constexpr int bulk_row_bytes(int kc) { return kc * 2 + 64; }  // 64-B pad: conflict-free lds128
+__host__ __device__ constexpr int bulk_stage_bytes(int rt, int nt, int kc) { return (16 * rt + 8 * nt) * bulk_row_bytes(kc); }
+__host__ __device__ constexpr int bulk_smem_bytes(int rt, int nt, int kc, int stages, int cw) {
+    return stages * bulk_stage_bytes(rt, nt, kc) + stages * 16 + cw * rt * nt * 4 * 32 * 4 + 8 * nt * 16 * rt * 4;
+}
+
+__device__ __forceinline__ void mbar_init_cta(unsigned mbar, unsigned count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(mbar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_wait_parity(unsigned mbar, unsigned parity) {
+    for (;;) {
+        unsigned done;
+        asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+                     "selp.u32 %0, 1, 0, p;\n}\n" : "=r"(done) : "r"(mbar), "r"(parity) : "memory");
+        if (done) return;
+    }
+}
+__device__ __forceinline__ void mbar_arrive_cta(unsigned mbar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(mbar) : "memory");
+}
+// 1-D bulk copy global -> this CTA's shared memory (bytes % 16 == 0, both addresses 16-B aligned).
+__device__ __forceinline__ void bulk_g2s(unsigned dst, const void* src, unsigned bytes, unsigned mbar) {
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n"
+                 :: "r"(dst), "l"(src), "r"(bytes), "r"(mbar) : "memory");
+}
+
+template <int RT, int NT, int KC, int STAGES, bool OUT_BF16>
+__device__ __forceinline__ void skinny_bulk(const __nv_bfloat16* __restrict__ act, const __nv_bfloat16* __restrict__ w,
+                                            void* __restrict__ out, int M, int N, int K, int lda, int ldw, int ldo) {
+    static_assert(RT >= 1 && NT >= 1 && NT <= 2 && STAGES >= 2 && KC % 32 == 0 && KC >= 32, "bad bulk config");
+    constexpr int ROWB = bulk_row_bytes(KC);
+    constexpr int STAGE_B = bulk_stage_bytes(RT, NT, KC);
+    constexpr int ROWS = 16 * RT;
+    constexpr int TOK = 8 * NT;
+    constexpr int FR = RT * NT * 4;
+
+    extern __shared__ __align__(128) unsigned char smem[];
+
+    pdl_launch_dependents();
+
+    const int lane = threadIdx.x & 31;
+    const int warp = threadIdx.x >> 5;
+    const int cw = (int)(blockDim.x >> 5) - 1;  // consumer warps; the last warp is the producer
+    const int g = lane >> 2;
+    const int t = lane & 3;
+    const unsigned crank = cluster_rank();
+    const unsigned csize = cluster_size();
+    const int row0 = blockIdx.x * ROWS;
+    const int rows = N - row0 < ROWS ? N - row0 : ROWS;
+    const int toks = M < TOK ? M : TOK;
+
+    // This CTA's K range: 32-k blocks balanced over the cluster ranks.
+    const int nb = (K + 31) >> 5;
+    const int kb = (int)((long long)crank * nb / csize) * 32;
+    int ke = (int)((long long)(crank + 1) * nb / csize) * 32;
+    ke = ke < K ? ke : K;
+    const int klen = ke > kb ? ke - kb : 0;
+    const int nst = (klen + KC - 1) / KC;
+
+    const unsigned base = smem_addr(smem);
+    const unsigned full = base + (unsigned)(STAGES * STAGE_B);
+    const unsigned empty = full + (unsigned)(STAGES * 8);
+    float* red = reinterpret_cast<float*>(smem + STAGES * STAGE_B + STAGES * 16);
+    float* csum = red + cw * FR * 32;
+
+    if (threadIdx.x == 0) {
+#pragma unroll 1
+        for (int s = 0; s < STAGES; ++s) {
+            mbar_init_cta(full + 8 * s, 1);
+            mbar_init_cta(empty + 8 * s, (unsigned)cw);
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+
+    float acc[RT][NT][4];
+#pragma unroll
+    for (int r = 0; r < RT; ++r)
+#pragma unroll
+        for (int n = 0; n < NT; ++n)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) acc[r][n][i] = 0.f;
+
+    if (warp == cw) {
+        // Producer warp: copy c (0..ROWS+TOK-1) of a stage is weight row c or token c-ROWS; lane l
+        // issues copies l, l+32, ...; lane 0 arms the stage's full barrier with its byte count.
+        auto arm = [&](int i) {
+            const int k0 = kb + i * KC;
+            const int len = ke - k0 < KC ? ke - k0 : KC;
+            if (lane == 0) mbar_arrive_expect_tx(full + 8 * (i % STAGES), (unsigned)((rows + toks) * len * 2));
+            __syncwarp();
+        };
+        auto issue = [&](int i, bool weights, bool acts) {
+            const int k0 = kb + i * KC;
+            const int len = ke - k0 < KC ? ke - k0 : KC;
+            const int s = i % STAGES;
+#pragma unroll
+            for (int c0 = 0; c0 < ROWS + TOK; c0 += 32) {
+                const int c = c0 + lane;
+                if (c < ROWS) {
+                    if (weights && c < rows)
+                        bulk_g2s(base + (unsigned)(s * STAGE_B + c * ROWB), w + (long long)(row0 + c) * ldw + k0,
+                                 (unsigned)(len * 2), full + 8 * s);
+                } else if (c < ROWS + TOK) {
+                    if (acts && c - ROWS < toks)
+                        bulk_g2s(base + (unsigned)(s * STAGE_B + c * ROWB), act + (long long)(c - ROWS) * lda + k0,
+                                 (unsigned)(len * 2), full + 8 * s);
+                }
+            }
+        };
+        const int pro = nst < STAGES ? nst : STAGES;
+        // Weights are parameters: fetch them before the PDL wait; the activation only after it.
+#pragma unroll 1
+        for (int i = 0; i < pro; ++i) {
+            arm(i);
+            issue(i, true, false);
+        }
+        pdl_wait();
+#pragma unroll 1
+        for (int i = 0; i < pro; ++i) issue(i, false, true);
+#pragma unroll 1
+        for (int i = STAGES; i < nst; ++i) {
+            mbar_wait_parity(empty + 8 * (i % STAGES), (unsigned)(((i / STAGES) - 1) & 1));
+            arm(i);
+            issue(i, true, true);
+        }
+    } else {
+        pdl_wait();
+#pragma unroll 1
+        for (int i = 0; i < nst; ++i) {
+            const int s = i % STAGES;
+            const int len = ke - (kb + i * KC) < KC ? ke - (kb + i * KC) : KC;
+            mbar_wait_parity(full + 8 * s, (unsigned)((i / STAGES) & 1));
+            const unsigned sb = base + (unsigned)(s * STAGE_B) + (unsigned)(16 * t);
+#pragma unroll
+            for (int b = 0; b < KC / 32; b += 1) {
+                const int bb = b * cw + warp;  // interleaved 32-k blocks across the consumer warps
+                if (bb >= KC / 32 || bb * 32 >= len) break;
+                const unsigned off = sb + (unsigned)(bb * 64);
+                unsigned a[RT][2][4], bt[NT][4];
+#pragma unroll
+                for (int r = 0; r < RT; ++r) {
+                    lds128(off + (16 * r + g) * ROWB, a[r][0]);
+                    lds128(off + (16 * r + g + 8) * ROWB, a[r][1]);
+                }
+#pragma unroll
+                for (int n = 0; n < NT; ++n) lds128(off + (ROWS + 8 * n + g) * ROWB, bt[n]);
+                if (bb * 32 + 8 * t >= len) {  // partial last block: this thread's chunk is past K
+#pragma unroll
+                    for (int j = 0; j < 4; ++j) {
+#pragma unroll
+                        for (int r = 0; r < RT; ++r) a[r][0][j] = a[r][1][j] = 0u;
+#pragma unroll
+                        for (int n = 0; n < NT; ++n) bt[n][j] = 0u;
+                    }
+                }
+#pragma unroll
+                for (int h = 0; h < 2; ++h)
+#pragma unroll
+                    for (int r = 0; r < RT; ++r)
+#pragma unroll
+                        for (int n = 0; n < NT; ++n)
+                            mma_bf16_16816(acc[r][n], a[r][0][2 * h], a[r][1][2 * h], a[r][0][2 * h + 1],
+                                           a[r][1][2 * h + 1], bt[n][2 * h], bt[n][2 * h + 1]);
+            }
+            __syncwarp();
+            if (lane == 0) mbar_arrive_cta(empty + 8 * s);
+        }
+#pragma unroll
+        for (int r = 0; r < RT; ++r)
+#pragma unroll
+            for (int n = 0; n < NT; ++n)
+#pragma unroll
+                for (int i = 0; i < 4; ++i) red[(warp * FR + (r * NT + n) * 4 + i) * 32 + lane] = acc[r][n][i];
+    }
+    __syncthreads();
+
+    // CTA sums over the consumer warps (fixed order), in (token, row) order.
+    const int outs = toks * ROWS;
+    for (int o = threadIdx.x; o < outs; o += blockDim.x) {
+        const int tok = o / ROWS, rl = o - tok * ROWS;
+        const int rr = rl & 15, tt = tok & 7;
+        const int p = (((rl >> 4) * NT + (tok >> 3)) * 4 + (rr >> 3) * 2 + (tt & 1)) * 32 + (rr & 7) * 4 + (tt >> 1);
+        float s = 0.f;
+#pragma unroll 4
+        for (int wi = 0; wi < cw; ++wi) s += red[wi * FR * 32 + p];
+        if (csize == 1) {
+            if (rl < rows) store_out<OUT_BF16>(out, (long long)tok * ldo + row0 + rl, s);
+        } else {
+            csum[o] = s;
+        }
+    }
+    if (csize == 1) return;
+
+    // Pull reduction over the cluster: rank r finalises its share, summing ranks in order.
+    const int per = (outs + (int)csize - 1) / (int)csize;
+    const int mine_lo = (int)crank * per;
+    const int mine_n = outs - mine_lo < per ? (outs - mine_lo > 0 ? outs - mine_lo : 0) : per;
+    cluster_sync();
+    const unsigned csum_addr = smem_addr(csum);
+    for (int j = threadIdx.x; j < mine_n; j += blockDim.x) {
+        const int o = mine_lo + j;
+        const int tok = o / ROWS, rl = o - tok * ROWS;
+        float v[kMaxSplit];
+#pragma unroll
+        for (int rk = 0; rk < kMaxSplit; ++rk) v[rk] = rk < (int)csize ? ld_dsmem_f32(mapa(csum_addr + o * 4, rk)) : 0.f;
+        float s = 0.f;
+#pragma unroll
+        for (int rk = 0; rk < kMaxSplit; ++rk) s += rk < (int)csize ? v[rk] : 0.f;
+        if (rl < rows) store_out<OUT_BF16>(out, (long long)tok * ldo + row0 + rl, s);
+    }
+    cluster_sync_relaxed();
+}
+
 }  // namespace slim
