@@ -1,9 +1,9 @@
 """Scan one wheel member in a single forward pass and report what it says about retired ops.
 
 Member kinds (sniffed from content, not trusted from the name): host ELF (shared libraries,
-objects), cubin (ELF for EM_CUDA), fatbin, ar archive (of objects), PTX, and everything else,
-which is text-scanned and reported as routed/info (Python, JIT sources, metadata), never as
-AOT code. A host ELF is streamed: fatbin containers are parsed and dropped as they pass, all
+objects), cubin (ELF for EM_CUDA), fatbin, ar archive (of objects), nested zip/tar archives
+(see `nested`), PTX, other binary files (searched for embedded fatbins), and text, which is
+scanned and reported as routed/info (Python, JIT sources, metadata), never as AOT code. A host ELF is streamed: fatbin containers are parsed and dropped as they pass, all
 other bytes are retained in a `SpanStore` so the symbol tables and `.rodata` can be read after.
 """
 
