@@ -370,12 +370,15 @@ __host__ __device__ constexpr int bulk_smem_bytes(int rt, int nt, int kc, int st
 __device__ __forceinline__ void mbar_init_cta(unsigned mbar, unsigned count) {
     asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(mbar), "r"(count) : "memory");
 }
+// Wait for the phase of a local mbarrier with this parity. Callers have passed griddepcontrol.wait,
+// so this only waits for this CTA's own copies/consumers: a wait of seconds is a bug and traps.
 __device__ __forceinline__ void mbar_wait_parity(unsigned mbar, unsigned parity) {
-    for (;;) {
+    for (unsigned spins = 0;; ++spins) {
         unsigned done;
         asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
                      "selp.u32 %0, 1, 0, p;\n}\n" : "=r"(done) : "r"(mbar), "r"(parity) : "memory");
         if (done) return;
+        if (spins > (1u << 24)) asm volatile("trap;");
     }
 }
 __device__ __forceinline__ void mbar_arrive_cta(unsigned mbar) {
