@@ -8,8 +8,12 @@ sources, so it never tests a stale wheel.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
+import re
+import shutil
 import subprocess
+import time
 from pathlib import Path
 
 import nox
@@ -18,6 +22,9 @@ ROOT = Path(__file__).parent
 DIST = ROOT / "dist"
 STAMP = DIST / ".source-hash"
 REPORTS = ROOT / "reports"
+BASELINE_DIST = DIST / "aot-baseline"  # the AOT size baseline (SLIM_KERNEL_AOT_BASELINE=ON), never shipped
+BASELINE_STAMP = BASELINE_DIST / ".source-hash"
+RETIRED_OPS = ("bmm_fp8", "dsv3_router_gemm", "dsv3_fused_a_gemm")
 CPU_TORCH = "torch==2.13.0"  # the CPU build this workplace serves locally; never an unpinned torch
 TEST_DEPS = ["pytest>=8", "hypothesis>=6", "pyelftools>=0.31", "zstandard>=0.22", "lz4>=4.3", "numpy",
              "tqdm", "cuda-bindings>=13", "nvidia-cuda-nvrtc==13.0.*", "nvidia-cuda-cuobjdump", "matplotlib",
@@ -101,3 +108,125 @@ def audit(session: nox.Session) -> None:
 def lint(session: nox.Session) -> None:
     session.install("ruff")
     session.run("ruff", "check", "python", "tests", "benchmark", "noxfile.py")
+
+
+# ---- size: shipped wheel vs the AOT baseline ------------------------------------------------
+
+def _wheel_budget() -> str:
+    """[tool.slim-kernel] wheel-budget from pyproject.toml."""
+    text = (ROOT / "pyproject.toml").read_text()
+    try:
+        import tomllib
+
+        budget = tomllib.loads(text).get("tool", {}).get("slim-kernel", {}).get("wheel-budget")
+    except ImportError:  # Python 3.10 running nox
+        m = re.search(r'^\[tool\.slim-kernel\][^\[]*?^wheel-budget\s*=\s*"([^"]+)"', text, re.M | re.S)
+        budget = m.group(1) if m else None
+    if not budget:
+        raise RuntimeError("pyproject.toml has no [tool.slim-kernel] wheel-budget")
+    return str(budget)
+
+
+def _find_nvcc() -> str | None:
+    if os.environ.get("CUDACXX") and os.access(os.environ["CUDACXX"], os.X_OK):
+        return os.environ["CUDACXX"]
+    for var in ("CUDA_HOME", "CUDA_PATH"):
+        cand = Path(os.environ.get(var, "/nonexistent")) / "bin" / "nvcc"
+        if cand.is_file() and os.access(cand, os.X_OK):
+            return str(cand)
+    found = shutil.which("nvcc")
+    if found:
+        return found
+    cand = Path("/usr/local/cuda/bin/nvcc")
+    return str(cand) if cand.is_file() and os.access(cand, os.X_OK) else None
+
+
+def _baseline_wheel(session: nox.Session) -> Path | None:
+    """Build (when stale) the AOT baseline wheel into dist-baseline/; None when nvcc is missing."""
+    nvcc = _find_nvcc()
+    if nvcc is None:
+        session.warn("nvcc not found (PATH, CUDACXX, CUDA_HOME, /usr/local/cuda): the AOT baseline cannot be built; "
+                     "reporting the shipped wheel only")
+        return None
+    archs = os.environ.get("SLIM_KERNEL_AOT_ARCHS", "")  # empty: the release list in csrc/aot_baseline
+    # The instance list comes from slim_kernel.backends.jit, which imports torch.
+    session.install(CPU_TORCH, "scikit-build-core>=0.10", "nanobind>=2.4", "ninja")
+    BASELINE_DIST.mkdir(parents=True, exist_ok=True)
+    manifest = BASELINE_DIST / "manifest.json"
+    session.run("python", str(ROOT / "csrc" / "aot_baseline" / "manifest.py"), "-o", str(manifest))
+    stamp = hashlib.sha256(f"{_source_hash()} {archs} {nvcc}".encode() + manifest.read_bytes()).hexdigest()
+    wheels = sorted(BASELINE_DIST.glob("slim_kernel-*.whl"))
+    if len(wheels) == 1 and BASELINE_STAMP.exists() and BASELINE_STAMP.read_text() == stamp:
+        session.log(f"AOT baseline is up to date: {wheels[0].name}")
+        return wheels[0]
+    for old in wheels:
+        old.unlink()
+    env = {"SLIM_KERNEL_AOT_BASELINE": "ON", "SLIM_KERNEL_AOT_MANIFEST": str(manifest),
+           "CUDACXX": nvcc, "CMAKE_BUILD_PARALLEL_LEVEL": str(os.cpu_count() or 2)}
+    if archs:
+        env["SLIM_KERNEL_AOT_ARCHS"] = archs
+    start = time.perf_counter()
+    session.run("python", "-m", "pip", "wheel", "--no-build-isolation", "--no-deps", "-w", str(BASELINE_DIST),
+                str(ROOT), env=env)
+    (wheel,) = BASELINE_DIST.glob("slim_kernel-*.whl")
+    if "+aot" not in wheel.name:
+        raise RuntimeError(f"{wheel.name} does not carry the +aot local version: the baseline override is broken")
+    BASELINE_STAMP.write_text(stamp)
+    session.log(f"built the AOT baseline {wheel.name} ({wheel.stat().st_size / 1024:.1f} KiB, archs "
+                f"{archs or 'release list'}) in {time.perf_counter() - start:.0f} s")
+    return wheel
+
+
+def _audit_json(session: nox.Session, wheel: Path, out: Path) -> dict:
+    """`slim-kernel audit --json`; exit 2 (unreadable) fails the session."""
+    with open(out, "w") as f:
+        session.run("slim-kernel", "audit", "--json", str(wheel), stdout=f, success_codes=[0, 1])
+    return json.loads(out.read_text())
+
+
+def _kib(n: int) -> str:
+    return f"{n / 1024:,.1f} KiB"
+
+
+@nox.session
+def size(session: nox.Session) -> None:
+    """Shipped wheel vs the AOT baseline: audit both (baseline = negative control), size report, budget."""
+    wheel = _fresh_wheel(session)
+    session.install(*AUDIT_DEPS)
+    baseline = _baseline_wheel(session)
+    session.install("--no-deps", "--force-reinstall", str(wheel))
+    REPORTS.mkdir(exist_ok=True)
+
+    shipped = _audit_json(session, wheel, REPORTS / "audit-shipped.json")
+    if not shipped["clean"]:
+        session.error(f"the shipped wheel {wheel.name} contains retired AOT code: {shipped['ops_found']} "
+                      f"(see {REPORTS / 'audit-shipped.json'})")
+    session.log(f"audit: shipped wheel {wheel.name} is clean")
+    if baseline is not None:
+        base = _audit_json(session, baseline, REPORTS / "audit-baseline.json")
+        missed = sorted(set(RETIRED_OPS) - set(base["ops_found"]))
+        if base["clean"] or missed:
+            session.error(f"negative control failed: the audit did not flag {missed or list(RETIRED_OPS)} in the AOT "
+                          f"baseline {baseline.name} (see {REPORTS / 'audit-baseline.json'})")
+        layers = sorted({f["layer"] for f in base["findings"]})
+        session.log(f"audit: AOT baseline {baseline.name} flagged for {', '.join(base['ops_found'])} "
+                    f"(layers: {', '.join(layers)}), as it must be")
+
+    budget = _wheel_budget()
+    args = ["slim-kernel", "size", str(wheel), *(["--baseline", str(baseline)] if baseline else []), "--budget", budget,
+            "--markdown", str(REPORTS / "size.md"), "--png", str(REPORTS / "size.png"), "--json"]
+    with open(REPORTS / "size.json", "w") as f:
+        session.run(*args, stdout=f)  # exit 1 (over budget) fails the session, with the reason on stderr
+    report = json.loads((REPORTS / "size.json").read_text())
+    subject = report["subject"]
+    session.log(f"shipped: {wheel.name} {_kib(subject['file_bytes'])} (budget {budget}), "
+                f"{_kib(subject['unpacked'])} unpacked")
+    if baseline is not None:
+        cmp, base = report["comparison"], report["baseline"]
+        session.log(f"AOT baseline: {baseline.name} {_kib(base['file_bytes'])}, {_kib(base['unpacked'])} unpacked")
+        session.log(f"reduction: wheel file {_kib(cmp['file_bytes']['bytes'])} ({cmp['file_bytes']['percent']}%), "
+                    f"unpacked {_kib(cmp['unpacked']['bytes'])} ({cmp['unpacked']['percent']}%), native "
+                    f"{_kib(cmp['native_bytes']['bytes'])} ({cmp['native_bytes']['percent']}%)")
+        for op, d in cmp["per_op"].items():
+            session.log(f"  {op}: {_kib(d['bytes'])} ({d['percent']}%) of native code removed")
+    session.log(f"reports: {REPORTS / 'size.md'}, {REPORTS / 'size.json'}, {REPORTS / 'size.png'}")
