@@ -157,3 +157,27 @@ def test_size_refuses_hostile_and_unreadable(tmp_path, capsys):
     ok = make_wheel(tmp_path / "ok.whl", {"pkg/a.py": b"x = 1\n"})
     assert main(["size", str(ok), "--baseline", str(tmp_path / "missing.whl"), "--no-progress"]) == 2
     assert "not found" in capsys.readouterr().err
+
+
+@needs_gxx
+@pytest.mark.skipif(__import__("audit_fixtures").NVCC is None, reason="nvcc not found")
+def test_compressed_entries_stored_vs_unpacked(capsys, tmp_path):
+    from audit_fixtures import NEUTRAL_CU, kernels_source, nvcc_fatbin
+
+    blob = nvcc_fatbin(
+        tmp_path / "z",
+        "dsv3_router_gemm.cu",
+        kernels_source("x") + NEUTRAL_CU,
+        mode="size",
+        arches=("sm_90a", "sm_100a"),
+        code="both",
+    )
+    lib = host_lib(tmp_path / "z", "z", fatbin=blob, strip=True).read_bytes()
+    rc, rep = size_json(capsys, make_wheel(tmp_path / "z.whl", {"pkg/_z.so": lib}))
+    per_arch = rep["subject"]["per_arch"]
+    assert set(per_arch) == {"sm_90a", "sm_100a", "compute_90a", "compute_100a"}
+    for arch, v in per_arch.items():
+        assert v["entries"] == 1 and 0 < v["stored"] < v["unpacked"], arch  # zstd payloads
+    assert rep["subject"]["device_bytes"] == sum(v["stored"] for v in per_arch.values()) <= len(blob)
+    op = rep["subject"]["per_op"]["dsv3_router_gemm"]  # attributed through the TU name alone
+    assert op["device"] == rep["subject"]["device_bytes"] and op["host"] == 0
