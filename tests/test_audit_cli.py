@@ -145,7 +145,21 @@ def test_retained_bytes_spill_to_private_file(tmp_path):
         scan = scan_member(io.BytesIO(lib), "x.so", len(lib), len(lib), ScanContext(Rules(), limits))
         return sorted((h.layer, h.evidence) for h in scan.hits)
 
-    assert hits(Limits(retained_in_memory=1024)) == hits(Limits()) != []
+    import tempfile
+
+    private = tmp_path / "tmp"
+    private.mkdir()
+    made = []
+    real_mkdtemp = tempfile.mkdtemp
+    old, tempfile.tempdir = tempfile.tempdir, str(private)
+    tempfile.mkdtemp = lambda *a, **k: made.append(real_mkdtemp(*a, **k)) or made[-1]
+    try:
+        spilled = hits(Limits(retained_in_memory=1024))
+    finally:
+        tempfile.tempdir, tempfile.mkdtemp = old, real_mkdtemp
+    assert len(made) == 1 and made[0].startswith(str(private))  # it did spill, privately
+    assert list(private.iterdir()) == []  # and the spill file and its directory are gone
+    assert spilled == hits(Limits()) != []
 
 
 def test_progress_bar_on_stderr(tmp_path, capsys):
