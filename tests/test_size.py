@@ -119,7 +119,11 @@ def test_baseline_reduction_and_member_diff(capsys, wheels, tmp_path):
     diff = {c["member"]: c for c in cmp["member_diff"]}
     assert diff["pkg/_aot.so"]["status"] == "removed" and diff["pkg/_aot.so"]["delta"] == -len(parts["aot"])
     assert "pkg/_neu.so" not in diff
+    units = {c["unit"]: c for c in cmp["unit_diff"]}
+    assert units["dsv3_router_gemm.cu"]["status"] == "removed" and cmp["units_removed"] == 1
+    assert units["dsv3_router_gemm.cu"]["delta"] == -rep["baseline"]["per_op"]["dsv3_router_gemm"]["device"]
     text = md.read_text()
+    assert "## Translation-unit (device code) diff vs baseline" in text
     assert (
         "## Reduction vs baseline" in text
         and "`dsv3_router_gemm`" in text

@@ -78,6 +78,7 @@ def size_summary(scan: WheelScan) -> dict:
             for name, u in sorted(per_unit.items(), key=lambda kv: -kv[1]["stored"])[:TOP_UNITS]
         ],
         "member_sizes": {m.name: [m.compressed, m.unpacked] for m in members},
+        "unit_sizes": {name: u["stored"] for name, u in per_unit.items()},
         "seconds": round(scan.seconds, 3),
     }
 
@@ -125,18 +126,27 @@ def _delta(new: int, old: int) -> dict:
     return {"bytes": old - new, "percent": round(100.0 * (old - new) / old, 2) if old else 0.0}
 
 
-def compare(subject: dict, baseline: dict, top: int = 25) -> dict:
-    """Reduction of `subject` vs `baseline` (positive = smaller) and the member-level diff."""
-    a, b = subject["member_sizes"], baseline["member_sizes"]
+def _diff(new_sizes: dict[str, int], old_sizes: dict[str, int], key: str) -> list[dict]:
+    """Entries whose size differs, largest change first (added/removed/changed)."""
     changes = []
-    for name in set(a) | set(b):
-        new, old = a.get(name, [0, 0])[1], b.get(name, [0, 0])[1]
-        if new != old:
-            status = "added" if name not in b else "removed" if name not in a else "changed"
-            changes.append(
-                {"member": name, "status": status, "baseline": old, "subject": new, "delta": new - old}
-            )
-    changes.sort(key=lambda c: -abs(c["delta"]))
+    for name in set(new_sizes) | set(old_sizes):
+        new, old = new_sizes.get(name, 0), old_sizes.get(name, 0)
+        if new != old or (name in new_sizes) != (name in old_sizes):
+            status = "added" if name not in old_sizes else "removed" if name not in new_sizes else "changed"
+            changes.append({key: name, "status": status, "baseline": old, "subject": new, "delta": new - old})
+    changes.sort(key=lambda c: (-abs(c["delta"]), c[key]))
+    return changes
+
+
+def compare(subject: dict, baseline: dict, top: int = 25) -> dict:
+    """Reduction of `subject` vs `baseline` (positive = smaller), member-level and
+    translation-unit-level diffs (unpacked member bytes; stored device-code bytes per TU)."""
+    members = _diff(
+        {k: v[1] for k, v in subject["member_sizes"].items()},
+        {k: v[1] for k, v in baseline["member_sizes"].items()},
+        "member",
+    )
+    units = _diff(subject["unit_sizes"], baseline["unit_sizes"], "unit")
     ops = sorted(set(subject["per_op"]) | set(baseline["per_op"]))
     return {
         "baseline": baseline["wheel"],
@@ -156,8 +166,11 @@ def compare(subject: dict, baseline: dict, top: int = 25) -> dict:
             )
             for arch in sorted(set(subject["per_arch"]) | set(baseline["per_arch"]))
         },
-        "members_added": sum(c["status"] == "added" for c in changes),
-        "members_removed": sum(c["status"] == "removed" for c in changes),
-        "members_changed": sum(c["status"] == "changed" for c in changes),
-        "member_diff": changes[:top],
+        "members_added": sum(c["status"] == "added" for c in members),
+        "members_removed": sum(c["status"] == "removed" for c in members),
+        "members_changed": sum(c["status"] == "changed" for c in members),
+        "member_diff": members[:top],
+        "units_added": sum(c["status"] == "added" for c in units),
+        "units_removed": sum(c["status"] == "removed" for c in units),
+        "unit_diff": units[:top],
     }

@@ -47,7 +47,8 @@ def build_report(args) -> dict:
         report["comparison"] = compare(subject, base)
     for summary in (subject, report.get("baseline")):
         if summary is not None:
-            summary.pop("member_sizes")  # only needed for the member diff
+            summary.pop("member_sizes")  # only needed for the diffs
+            summary.pop("unit_sizes")
     if budget is not None:
         report["budget"] = {
             "limit": budget,

@@ -37,7 +37,8 @@ def markdown(report: dict) -> str:
             out.append(f"| {key.replace('_', ' ')} | {fmt_bytes(d['bytes'])} | {d['percent']:.1f}% |")
         out.append(
             f"\nMembers: {cmp['members_added']} added, {cmp['members_removed']} removed, "
-            f"{cmp['members_changed']} changed."
+            f"{cmp['members_changed']} changed. Translation units with device code: "
+            f"{cmp['units_added']} added, {cmp['units_removed']} removed."
         )
     if report.get("budget") is not None:
         b = report["budget"]
@@ -82,19 +83,23 @@ def markdown(report: dict) -> str:
         ]
         for u in s["per_translation_unit"]:
             out.append(f"| `{u['unit']}` | {fmt_bytes(u['stored'])} | {', '.join(u['archs'])} |")
-    if cmp and cmp["member_diff"]:
-        out += [
-            "",
-            "## Member diff vs baseline (largest changes)",
-            "",
-            "| member | status | baseline | subject | delta |",
-            "|---|---|---:|---:|---:|",
-        ]
-        for c in cmp["member_diff"]:
-            out.append(
-                f"| `{c['member']}` | {c['status']} | {fmt_bytes(c['baseline'])} | "
-                f"{fmt_bytes(c['subject'])} | {fmt_bytes(c['delta'])} |"
-            )
+    if cmp:
+        for key, title in (("member", "Member"), ("unit", "Translation-unit (device code)")):
+            rows = cmp[f"{key}_diff"]
+            if not rows:
+                continue
+            out += [
+                "",
+                f"## {title} diff vs baseline (largest changes)",
+                "",
+                f"| {key} | status | baseline | subject | delta |",
+                "|---|---|---:|---:|---:|",
+            ]
+            for c in rows:
+                out.append(
+                    f"| `{c[key]}` | {c['status']} | {fmt_bytes(c['baseline'])} | "
+                    f"{fmt_bytes(c['subject'])} | {fmt_bytes(c['delta'])} |"
+                )
     if report.get("command"):
         out += ["", f"Command: `{report['command']}`"]
     return "\n".join(out) + "\n"
