@@ -26,12 +26,12 @@ BASELINE_DIST = DIST / "aot-baseline"  # the AOT size baseline (SLIM_KERNEL_AOT_
 BASELINE_STAMP = BASELINE_DIST / ".source-hash"
 RETIRED_OPS = ("bmm_fp8", "dsv3_router_gemm", "dsv3_fused_a_gemm")
 CPU_TORCH = "torch==2.13.0"  # the CPU build this workplace serves locally; never an unpinned torch
-TEST_DEPS = ["pytest>=8", "hypothesis>=6", "pyelftools>=0.31", "zstandard>=0.22", "lz4>=4.3", "numpy",
-             "tqdm", "cuda-bindings>=13", "nvidia-cuda-nvrtc==13.0.*", "nvidia-cuda-cuobjdump", "matplotlib",
+TEST_DEPS = ["pytest>=8", "hypothesis>=6", "zstandard>=0.22", "lz4>=4.3", "numpy",
+             "tqdm", "cuda-bindings>=13", "nvidia-cuda-nvrtc==13.0.*", "nvidia-cuda-cuobjdump", "matplotlib", "isal",
              "scikit-build-core>=0.10", "nanobind>=2.4", "ninja"]
 
 nox.options.default_venv_backend = "venv"
-AUDIT_DEPS = ["pyelftools>=0.31", "zstandard>=0.22", "lz4>=4.3", "tqdm", "matplotlib"]
+AUDIT_DEPS = ["zstandard>=0.22", "lz4>=4.3", "tqdm", "isal", "matplotlib>=3.8"]  # audit/size need no torch
 
 nox.options.sessions = ["build", "audit"]
 
@@ -98,9 +98,9 @@ def audit(session: nox.Session) -> None:
     session.install(*AUDIT_DEPS)
     session.install("--no-deps", "--force-reinstall", str(wheel))
     REPORTS.mkdir(exist_ok=True)
-    session.run("slim-kernel", "audit", str(wheel), *session.posargs)
-    with open(REPORTS / "audit.json", "w") as f:
-        session.run("slim-kernel", "audit", "--json", str(wheel), stdout=f)
+    session.run("slim-kernel", "audit", "--no-progress", str(wheel), *session.posargs)  # per layer: scanned/found
+    out = session.run("slim-kernel", "audit", "--json", "--no-progress", str(wheel), silent=True)
+    (REPORTS / "audit.json").write_text(out)
     session.log(f"audit JSON: {REPORTS / 'audit.json'}")
 
 
