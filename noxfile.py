@@ -86,6 +86,7 @@ def test(session: nox.Session) -> None:
     # --no-deps: torch is pinned above; flashinfer (1 GB of CUDA deps) is optional on CPU.
     session.install("--no-deps", "--force-reinstall", str(wheel))
     session.run("slim-kernel", "info")
+    session.run("slim-kernel", "audit", "--no-progress", str(wheel))  # the wheel under test holds no AOT code
     tmp = session.create_tmp()
     session.run("python", "-m", "pytest", str(ROOT / "tests"), "-p", "no:cacheprovider", "--basetemp",
                 os.path.join(tmp, "pytest"), *session.posargs, env={"SLIM_KERNEL_CACHE_DIR": os.path.join(tmp, "jit")})
