@@ -1,0 +1,165 @@
+"""The AOT size baseline computes what the shipped paths compute (GPU, ``-m gpu``).
+
+Needs the baseline installed (skipped otherwise), built on the GPU machine with
+
+    SLIM_KERNEL_AOT_BASELINE=ON SLIM_KERNEL_AOT_ARCHS=90a python3 -m pip install --no-build-isolation --no-deps .
+
+dsv3_router_gemm / dsv3_fused_a_gemm: for each shape, the instance and launch geometry the JIT
+backend picks (slim_kernel.backends.jit.plan / instance) are launched through the JIT runtime and
+through slim_kernel._aot_baseline with the same arguments; the outputs must be bit-identical to each
+other and to the JIT op entry, and close to a float64 reference. bmm_fp8: bit-identical to
+flashinfer.bmm_fp8(backend="cublas") when flashinfer is installed, else within tolerance of float64.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+import torch
+
+from slim_kernel.backends import jit as jb
+
+from _inputs import TOL, bmm_fp8_inputs, bmm_fp8_ref, randn, rel_err
+
+aot = pytest.importorskip("slim_kernel._aot_baseline", reason="the AOT baseline is not installed "
+                          "(SLIM_KERNEL_AOT_BASELINE=ON pip install --no-build-isolation --no-deps .)")
+
+E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
+K = 7168
+FLASHINFER_WORKSPACE = 40 * 1024 * 1024  # flashinfer.gemm.gemm_base.DEFAULT_WORKSPACE_SIZE (0.7.x)
+HAS_FLASHINFER = importlib.util.find_spec("flashinfer") is not None
+
+
+def _device_arch() -> str | None:
+    if not torch.cuda.is_available():
+        return None
+    major, minor = torch.cuda.get_device_capability()
+    return f"{major}{minor}a" if major >= 9 else f"{major}{minor}"
+
+
+def _skip_reason() -> str | None:
+    arch = _device_arch()
+    if arch is None:
+        return "needs a CUDA GPU"
+    if arch not in aot.ARCHS.split(","):
+        return f"the baseline was built for {aot.ARCHS}, this device is sm_{arch} (set SLIM_KERNEL_AOT_ARCHS)"
+    return None
+
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(_skip_reason() is not None, reason=_skip_reason() or "")]
+
+
+def _key(instance) -> str:  # the lookup key of csrc/aot_baseline/manifest.py
+    return ",".join(f"{name}={value}" for name, value in instance.defines)
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    return t.view(torch.int32 if t.element_size() == 4 else torch.int16)
+
+
+def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return torch.equal(_bits(a), _bits(b))
+
+
+def _launch_both(op, out_jit, out_aot, act, w_ptr, ld_w, n, pdl):
+    """Launch the JIT backend's instance and geometry through the JIT runtime and the AOT module."""
+    m, k = act.shape
+    dev = act.device.index
+    plan = jb.plan(op, m, n, k, out_jit.dtype, dev)
+    key = _key(jb.instance(op, m, out_jit.dtype, jb.config_for(op, m)))
+    assert (op, key) in {(o, kk) for o, kk, _ in aot.instances()}, \
+        f"{op} [{key}] is not in the baseline: rebuild it from these sources"
+    stream = torch.cuda.current_stream(dev).cuda_stream
+    common = (m, n, k, act.stride(0) if m > 1 else k, ld_w)
+    plan.launch(plan.grid, plan.block, (act.data_ptr(), w_ptr, out_jit.data_ptr(), *common, out_jit.stride(0)),
+                stream=stream, smem=plan.smem, pdl=pdl, cluster=plan.cluster)
+    getattr(aot, op)(key, (act.data_ptr(), w_ptr, out_aot.data_ptr(), *common, out_aot.stride(0)), plan.grid,
+                     plan.block, plan.smem, plan.cluster, pdl, stream, dev)
+    torch.cuda.synchronize(dev)
+    return plan, key
+
+
+def _nan(shape, dtype):
+    return torch.full(shape, float("nan"), dtype=dtype, device="cuda")
+
+
+@pytest.mark.parametrize("m", [1, 2, 5, 8, 9, 16])
+@pytest.mark.parametrize("e", [256, 384])
+@pytest.mark.parametrize("out_dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("pdl", [True, False], ids=["pdl", "nopdl"])
+def test_router_aot_matches_jit_bitwise(gen, m, e, out_dtype, pdl):
+    h, w = randn((m, K), gen, device="cuda"), randn((e, K), gen, device="cuda")
+    out_jit, out_aot, out_op = _nan((m, e), out_dtype), _nan((m, e), out_dtype), _nan((m, e), out_dtype)
+    plan, key = _launch_both(jb.ROUTER, out_jit, out_aot, h, w.data_ptr(), w.stride(0), e, pdl)
+    jb.dsv3_router_gemm(out_op, h, w)  # the JIT op entry itself
+    torch.cuda.synchronize()
+    what = f"router M={m} E={e} {out_dtype} [{key}] grid {plan.grid} cluster {plan.cluster} pdl={pdl}"
+    assert _same_bits(out_aot, out_jit), f"{what}: AOT and JIT outputs differ"
+    assert _same_bits(out_op, out_jit), f"{what}: the JIT op entry differs from the plan launch"
+    assert rel_err(out_aot, h.double() @ w.double().t()) <= TOL[out_dtype], what
+
+
+@pytest.mark.parametrize("m", [1, 2, 4, 8, 9, 13, 16])
+@pytest.mark.parametrize("pdl", [True, False], ids=["pdl", "nopdl"])
+def test_fused_a_aot_matches_jit_bitwise(gen, m, pdl):
+    n = 2112
+    a, w = randn((m, K), gen, device="cuda"), randn((n, K), gen, device="cuda")
+    mat_b = w.t()  # (K, N) column-major
+    out_jit, out_aot, out_op = (_nan((m, n), torch.bfloat16) for _ in range(3))
+    plan, key = _launch_both(jb.FUSED_A, out_jit, out_aot, a, mat_b.data_ptr(), mat_b.stride(1), n, pdl)
+    jb.dsv3_fused_a_gemm(out_op, a, mat_b)
+    torch.cuda.synchronize()
+    what = f"fused-A M={m} N={n} [{key}] grid {plan.grid} cluster {plan.cluster} pdl={pdl}"
+    assert _same_bits(out_aot, out_jit), f"{what}: AOT and JIT outputs differ"
+    assert _same_bits(out_op, out_jit), f"{what}: the JIT op entry differs from the plan launch"
+    assert rel_err(out_aot, a.double() @ mat_b.double()) <= TOL[torch.bfloat16], what
+
+
+def test_unknown_instance_key_is_a_clear_error():
+    out = torch.empty(1, 256, device="cuda")
+    with pytest.raises(KeyError, match="no AOT instance with key 'SK_NT=99'"):
+        aot.dsv3_router_gemm("SK_NT=99", (0, 0, out.data_ptr(), 1, 256, K, K, K, 256), (16, 1, 1), (128, 1, 1))
+
+
+def _aot_bmm_fp8(A, B, sa, sb, out_dtype):
+    b, m, k = A.shape
+    n = B.shape[2]
+    out = _nan((b, m, n), out_dtype)
+    ws = torch.empty(FLASHINFER_WORKSPACE, dtype=torch.uint8, device="cuda")
+    name = {E4M3: "float8_e4m3fn", E5M2: "float8_e5m2", torch.bfloat16: "bfloat16", torch.float16: "float16"}
+    aot.bmm_fp8(A.data_ptr(), B.data_ptr(), out.data_ptr(), sa.data_ptr(), sb.data_ptr(), ws.data_ptr(),
+                ws.numel(), b, m, n, k, name[A.dtype], name[B.dtype], name[out_dtype], 0,
+                torch.cuda.current_stream().cuda_stream, A.device.index)
+    torch.cuda.synchronize()
+    return out
+
+
+@pytest.mark.parametrize("bmkn", [(16, 1, 128, 512), (16, 8, 512, 128), (16, 33, 128, 512), (1, 64, 256, 1024)],
+                         ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("dtypes", [(E4M3, E4M3), (E4M3, E5M2), (E5M2, E4M3)], ids=["e4m3", "e4m3-e5m2", "e5m2-e4m3"])
+@pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_bmm_fp8_aot_matches_flashinfer_cublas(gen, bmkn, dtypes, out_dtype):
+    b, m, k, n = bmkn
+    A, B, sa, sb = bmm_fp8_inputs(b, m, k, n, gen, *dtypes, device="cuda")
+    if HAS_FLASHINFER:  # first, so the AOT module picks up the libcublasLt flashinfer loaded
+        import flashinfer
+
+        expected = flashinfer.bmm_fp8(A, B, sa, sb, out_dtype, backend="cublas")
+    out = _aot_bmm_fp8(A, B, sa, sb, out_dtype)
+    lib = aot.cublaslt()
+    if HAS_FLASHINFER:
+        assert _same_bits(out, expected), f"AOT bmm_fp8 differs from flashinfer cublas (libcublasLt {lib})"
+    assert rel_err(out, bmm_fp8_ref(A, B, sa, sb)) <= 2e-2, lib  # fp8 inputs, 16-bit output
+
+
+def test_bmm_fp8_rejects_two_e5m2_operands(gen):
+    A, B, sa, sb = bmm_fp8_inputs(2, 4, 128, 128, gen, E5M2, E5M2, device="cuda")
+    with pytest.raises(ValueError, match="cannot both be float8_e5m2"):
+        _aot_bmm_fp8(A, B, sa, sb, torch.bfloat16)
+
+
+def test_schemas_are_the_retired_registrations():
+    assert aot.schemas()["dsv3_router_gemm"] == "dsv3_router_gemm(Tensor! output, Tensor mat_a, Tensor mat_b) -> ()"
+    assert aot.schemas()["bmm_fp8"].startswith("bmm_fp8(Tensor A, Tensor B, Tensor! D,")
+    assert {op for op, _, _ in aot.instances()} == {jb.ROUTER, jb.FUSED_A}
