@@ -43,19 +43,18 @@ OPS = {"router": jb.ROUTER, "fused_a": jb.FUSED_A}
 # Designs compared in one GPU run (cold); the defaults are in jb.DEFAULT_RULES.
 BUILTIN_VARIANTS = [
     "r_old@router@rt=1,stages=8,warps=4,split=0",
-    "r_kc128@router@rt=1,stages=8,warps=4,split=0,bulk=1,kc=128",
-    "r_w2@router@rt=1,stages=6,warps=2,split=0,bulk=1",
-    "r_w8@router@rt=1,stages=6,warps=8,split=0,bulk=1",
-    "r_s4@router@rt=1,stages=8,warps=4,split=4,bulk=1",
-    "r_s16@router@rt=1,stages=4,warps=4,split=16,bulk=1",
+    "r_kc512@router@rt=1,stages=3,warps=4,split=0,bulk=1,kc=512",
+    "r_kc256@router@rt=1,stages=6,warps=4,split=0,bulk=1,kc=256",
+    "r_w8@router@rt=1,stages=2,warps=8,split=0,bulk=1,kc=1024",
+    "r_s4@router@rt=1,stages=2,warps=4,split=4,bulk=1,kc=1024",
+    "r_s16@router@rt=1,stages=2,warps=4,split=16,bulk=1,kc=512",
     "fa_old@fused_a@rt=4,stages=4,warps=4,split=0",
-    "fa_st12@fused_a@rt=1,stages=12,warps=4,split=0,bulk=1",
-    "fa_kc512@fused_a@rt=1,stages=6,warps=4,split=0,bulk=1,kc=512",
-    "fa_kc128@fused_a@rt=1,stages=16,warps=4,split=0,bulk=1,kc=128",
-    "fa_w8@fused_a@rt=1,stages=8,warps=8,split=0,bulk=1",
-    "fa_w2@fused_a@rt=1,stages=8,warps=2,split=0,bulk=1",
-    "fa_s2@fused_a@rt=1,stages=4,warps=4,split=2,bulk=1",
-    "fa_rt2s2@fused_a@rt=2,stages=6,warps=4,split=2,bulk=1",
+    "fa_rt1old@fused_a@rt=1,stages=8,warps=8,split=1",
+    "fa_kc1024@fused_a@rt=1,stages=3,warps=4,split=0,bulk=1,kc=1024",
+    "fa_kc256@fused_a@rt=1,stages=12,warps=4,split=0,bulk=1,kc=256",
+    "fa_w8@fused_a@rt=1,stages=6,warps=8,split=0,bulk=1,kc=512",
+    "fa_s2@fused_a@rt=1,stages=3,warps=4,split=2,bulk=1,kc=512",
+    "fa_rt2s2@fused_a@rt=2,stages=3,warps=4,split=2,bulk=1,kc=512",
 ]
 MAIN_IMPLS = ["flashinfer", "torch", "jit_op", "jit", "flashinfer_pdl", "jit_pdl"]
 

@@ -58,8 +58,8 @@ class GemmConfig:
 
 # Defaults (first measured guesses; see benchmark/results/h200/ for the numbers behind them).
 DEFAULT_RULES = {
-    ROUTER: ((MAX_M, GemmConfig(rt=1, stages=6, warps=4, split=0, bulk=1, kc=256)),),
-    FUSED_A: ((MAX_M, GemmConfig(rt=1, stages=8, warps=4, split=0, bulk=1, kc=256)),),
+    ROUTER: ((MAX_M, GemmConfig(rt=1, stages=2, warps=4, split=0, bulk=1, kc=1024)),),
+    FUSED_A: ((MAX_M, GemmConfig(rt=1, stages=6, warps=4, split=0, bulk=1, kc=512)),),
 }
 _SOURCES = {
     ROUTER: ("dsv3_router_gemm.cuh", "dsv3_router_gemm_kernel"),
@@ -186,7 +186,7 @@ def launch_geometry(cfg: GemmConfig, n: int, k: int, sm_count: int) -> tuple[tup
     blocks_k = -(-k // 32)
     split = cfg.split or min(MAX_CLUSTER, max(1, sm_count // groups))
     split = max(1, min(split, blocks_k // cfg.warps or 1))
-    threads = 32 * (cfg.warps + cfg.bulk)  # bulk: + the producer warp
+    threads = 32 * (cfg.warps + 2 * cfg.bulk)  # bulk: + the two producer warps
     return (groups, split, 1), (threads, 1, 1), ((1, split, 1) if split > 1 else None)
 
 

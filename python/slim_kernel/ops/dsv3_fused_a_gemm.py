@@ -24,6 +24,12 @@ def _flashinfer_check(output, mat_a, mat_b) -> str | None:
         return f"N={n} is not a multiple of 16"
     if not mat_b.t().is_contiguous():
         return "mat_b is not the transpose of a contiguous (N, K) weight"
+    # the backend passes mat_a.contiguous(): a contiguous view is passed as is, and tinygemm's
+    # 16-byte loads fault on one that is not 16-byte aligned (e.g. a one-row slice)
+    if mat_a.is_contiguous() and mat_a.data_ptr() % 16:
+        return "mat_a is contiguous but not 16-byte aligned"
+    if mat_b.data_ptr() % 16:
+        return "mat_b is not 16-byte aligned"
     return None
 
 

@@ -26,6 +26,12 @@ def _flashinfer_check(output, hidden_states, router_weights) -> str | None:
         return f"E={router_weights.shape[0]} is not one of {FLASHINFER_EXPERTS}"
     if not router_weights.is_contiguous():
         return "router_weights is not contiguous"
+    # the backend passes hidden_states.contiguous(): a contiguous view is passed as is, and
+    # flashinfer's 16-byte loads fault on one that is not 16-byte aligned (e.g. a one-row slice)
+    if hidden_states.is_contiguous() and hidden_states.data_ptr() % 16:
+        return "hidden_states is contiguous but not 16-byte aligned"
+    if router_weights.data_ptr() % 16:
+        return "router_weights is not 16-byte aligned"
     return None
 
 

@@ -350,7 +350,7 @@ __device__ __forceinline__ void skinny_gemm(const __nv_bfloat16* __restrict__ ac
 
 
 // ------------------------------------------------------------------------------------------------
-// Bulk-copy variant (SK_BULK=1): one producer warp streams the CTA's 16*RT weight rows and the
+// Bulk-copy variant (SK_BULK=1): two producer warps stream the CTA's 16*RT weight rows and the
 // activation rows into a STAGES-deep shared-memory ring with 1-D cp.async.bulk copies (one copy
 // per row and stage, KC k wide), completing on a "full" mbarrier per stage; CW consumer warps
 // split each stage's 32-k blocks, run the same K-permuted swap-AB mma.sync as above, and release
@@ -381,6 +381,12 @@ __device__ __forceinline__ void mbar_wait_parity(unsigned mbar, unsigned parity)
         if (spins > (1u << 24)) asm volatile("trap;");
     }
 }
+// One lane of the (converged) warp gets true.
+__device__ __forceinline__ bool elect_one() {
+    unsigned p;
+    asm volatile("{\n.reg .pred P;\n.reg .b32 r;\nelect.sync r|P, 0xffffffff;\nselp.u32 %0, 1, 0, P;\n}\n" : "=r"(p));
+    return p != 0;
+}
 __device__ __forceinline__ void mbar_arrive_cta(unsigned mbar) {
     asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(mbar) : "memory");
 }
@@ -406,7 +412,7 @@ __device__ __forceinline__ void skinny_bulk(const __nv_bfloat16* __restrict__ ac
 
     const int lane = threadIdx.x & 31;
     const int warp = threadIdx.x >> 5;
-    const int cw = (int)(blockDim.x >> 5) - 1;  // consumer warps; the last warp is the producer
+    const int cw = (int)(blockDim.x >> 5) - 2;  // consumer warps; the last two warps are the producers
     const int g = lane >> 2;
     const int t = lane & 3;
     const unsigned crank = cluster_rank();
@@ -432,7 +438,7 @@ __device__ __forceinline__ void skinny_bulk(const __nv_bfloat16* __restrict__ ac
     if (threadIdx.x == 0) {
 #pragma unroll 1
         for (int s = 0; s < STAGES; ++s) {
-            mbar_init_cta(full + 8 * s, 1);
+            mbar_init_cta(full + 8 * s, 2);
             mbar_init_cta(empty + 8 * s, (unsigned)cw);
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
@@ -447,49 +453,35 @@ __device__ __forceinline__ void skinny_bulk(const __nv_bfloat16* __restrict__ ac
 #pragma unroll
             for (int i = 0; i < 4; ++i) acc[r][n][i] = 0.f;
 
-    if (warp == cw) {
-        // Producer warp: copy c (0..ROWS+TOK-1) of a stage is weight row c or token c-ROWS; lane l
-        // issues copies l, l+32, ...; lane 0 arms the stage's full barrier with its byte count.
-        auto arm = [&](int i) {
-            const int k0 = kb + i * KC;
-            const int len = ke - k0 < KC ? ke - k0 : KC;
-            if (lane == 0) mbar_arrive_expect_tx(full + 8 * (i % STAGES), (unsigned)((rows + toks) * len * 2));
-            __syncwarp();
-        };
-        auto issue = [&](int i, bool weights, bool acts) {
-            const int k0 = kb + i * KC;
-            const int len = ke - k0 < KC ? ke - k0 : KC;
+    if (warp >= cw) {
+        // Two producer warps: cw streams the weight rows, cw + 1 the token rows; each arms the
+        // stage's full barrier (2 arrivals) with its own byte count. Each warp runs one warp-uniform
+        // loop and one elected lane issues each copy, so the operands live in uniform registers (a
+        // per-lane issue serialises through R2UR, measured ~45 ns per copy). Weights are parameters
+        // and are streamed without waiting for the previous grid (PDL); activations after it.
+        const bool wts = warp == cw;
+        if (!wts) pdl_wait();
+        const int nrow = wts ? rows : toks;
+        const __nv_bfloat16* src0 = wts ? w + (long long)row0 * ldw : act;
+        const long long ld = wts ? ldw : lda;
+        const unsigned dst0 = base + (unsigned)((wts ? 0 : ROWS) * ROWB);
+#pragma unroll 1
+        for (int i = 0; i < nst; ++i) {
             const int s = i % STAGES;
+            if (i >= STAGES) mbar_wait_parity(empty + 8 * s, (unsigned)(((i / STAGES) - 1) & 1));
+            const int k0 = kb + i * KC;
+            const unsigned bytes = (unsigned)((ke - k0 < KC ? ke - k0 : KC) * 2);
+            const unsigned bar = full + 8 * s;
+            const unsigned dst = dst0 + (unsigned)(s * STAGE_B);
+            const __nv_bfloat16* src = src0 + k0;
+            if (elect_one()) mbar_arrive_expect_tx(bar, (unsigned)nrow * bytes);
+            __syncwarp();
 #pragma unroll
-            for (int c0 = 0; c0 < ROWS + TOK; c0 += 32) {
-                const int c = c0 + lane;
-                if (c < ROWS) {
-                    if (weights && c < rows)
-                        bulk_g2s(base + (unsigned)(s * STAGE_B + c * ROWB), w + (long long)(row0 + c) * ldw + k0,
-                                 (unsigned)(len * 2), full + 8 * s);
-                } else if (c < ROWS + TOK) {
-                    if (acts && c - ROWS < toks)
-                        bulk_g2s(base + (unsigned)(s * STAGE_B + c * ROWB), act + (long long)(c - ROWS) * lda + k0,
-                                 (unsigned)(len * 2), full + 8 * s);
-                }
-            }
-        };
-        const int pro = nst < STAGES ? nst : STAGES;
-        // Weights are parameters: fetch them before the PDL wait; the activation only after it.
-#pragma unroll 1
-        for (int i = 0; i < pro; ++i) {
-            arm(i);
-            issue(i, true, false);
+            for (int c = 0; c < (ROWS > TOK ? ROWS : TOK); ++c)
+                if (c < nrow && elect_one()) bulk_g2s(dst + (unsigned)(c * ROWB), src + c * ld, bytes, bar);
+            __syncwarp();
         }
-        pdl_wait();
-#pragma unroll 1
-        for (int i = 0; i < pro; ++i) issue(i, false, true);
-#pragma unroll 1
-        for (int i = STAGES; i < nst; ++i) {
-            mbar_wait_parity(empty + 8 * (i % STAGES), (unsigned)(((i / STAGES) - 1) & 1));
-            arm(i);
-            issue(i, true, true);
-        }
+        if (wts) pdl_wait();  // before this warp takes part in the output stores below
     } else {
         pdl_wait();
 #pragma unroll 1

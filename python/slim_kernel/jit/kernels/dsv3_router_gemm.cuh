@@ -9,7 +9,7 @@
 //   SK_STAGES   cp.async ring depth per warp, in 32-k blocks (default 8)
 //   SK_OUT_BF16 1: bf16 logits, 0: fp32 logits
 //   SK_PUSH     cluster reduction: 0 pull (barrier + ld.shared::cluster), 1 push (st.async + mbarrier)
-//   SK_BULK     1: slim::skinny_bulk (producer warp + cp.async.bulk ring, block 32*(W+1));
+//   SK_BULK     1: slim::skinny_bulk (2 producer warps + cp.async.bulk ring, block 32*(W+2));
 //               0: slim::skinny_gemm (per-thread cp.async ring)
 //   SK_KC       bulk: k per stage (multiple of 32, default 256)
 // Runtime: grid (ceil(E / (16*SK_RT)), S), cluster (1, S, 1), block 32*W, smem from jit.py.
@@ -37,7 +37,7 @@
 #define SK_OUT_BF16 0
 #endif
 
-extern "C" __global__ void __launch_bounds__(288, 1)
+extern "C" __global__ void __launch_bounds__(320, 1)
 dsv3_router_gemm_kernel(const __nv_bfloat16* __restrict__ hidden_states, const __nv_bfloat16* __restrict__ router_weights,
                         void* __restrict__ out, int M, int E, int K, int ld_hidden, int ld_weight, int ld_out) {
 #if SK_BULK
