@@ -212,6 +212,8 @@ def size(session: nox.Session) -> None:
         layers = sorted({f["layer"] for f in base["findings"]})
         session.log(f"audit: AOT baseline {baseline.name} flagged for {', '.join(base['ops_found'])} "
                     f"(layers: {', '.join(layers)}), as it must be")
+    else:
+        (REPORTS / "audit-baseline.json").unlink(missing_ok=True)  # never leave a stale one next to the report
 
     budget = _wheel_budget()
     args = ["slim-kernel", "size", str(wheel), *(["--baseline", str(baseline)] if baseline else []), "--budget", budget,
