@@ -63,7 +63,7 @@ const char* schema(const char* op) {
 
 void check(cudaError_t e, const std::string& what) {
   if (e != cudaSuccess) {
-    cudaGetLastError();  // clear a sticky-free error so the next call starts clean
+    cudaGetLastError();  // reset the (non-sticky) error state for the next call
     throw CudaError("slim_kernel._aot_baseline: " + what + " failed: " + cudaGetErrorName(e) + " (" +
                     cudaGetErrorString(e) + ")");
   }
