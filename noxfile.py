@@ -33,7 +33,7 @@ TEST_DEPS = ["pytest>=8", "hypothesis>=6", "zstandard>=0.22", "lz4>=4.3", "numpy
 nox.options.default_venv_backend = "venv"
 AUDIT_DEPS = ["zstandard>=0.22", "lz4>=4.3", "tqdm", "isal", "matplotlib>=3.8"]  # audit/size need no torch
 
-nox.options.sessions = ["build", "audit"]
+nox.options.sessions = ["build", "audit", "size"]
 
 
 def _source_hash() -> str:
@@ -103,6 +103,19 @@ def audit(session: nox.Session) -> None:
     out = session.run("slim-kernel", "audit", "--json", "--no-progress", str(wheel), silent=True)
     (REPORTS / "audit.json").write_text(out)
     session.log(f"audit JSON: {REPORTS / 'audit.json'}")
+
+
+@nox.session(venv_backend="none")
+def gpu(session: nox.Session) -> None:
+    """On a GPU machine: install the project (and the flashinfer bundle) and run `pytest -m gpu`."""
+    session.run("bash", str(ROOT / "benchmark" / "gpu_run.sh"), "tests", "aot", *session.posargs, external=True)
+
+
+@nox.session(venv_backend="none")
+def bench(session: nox.Session) -> None:
+    """On a GPU machine: GEMM, launch and eager benchmarks (JSON + PNG + table into $OUT)."""
+    session.run("bash", str(ROOT / "benchmark" / "gpu_run.sh"), "bench", "launch", "eager", *session.posargs,
+                external=True)
 
 
 @nox.session
