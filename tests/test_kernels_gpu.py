@@ -216,6 +216,11 @@ CONFIGS = [
     "rt=1,stages=12,warps=4,split=1,bulk=1,kc=256",
     "rt=2,stages=4,warps=4,split=2,bulk=1",
     "rt=2,stages=3,warps=2,split=1,bulk=1,kc=160",
+    # direct activations (bulk=2): wrapping ring, odd clusters, rt=2, one consumer warp
+    "rt=1,stages=2,warps=1,split=1,bulk=2,kc=64",
+    "rt=1,stages=3,warps=8,split=0,bulk=2,kc=2048",
+    "rt=2,stages=3,warps=3,split=3,bulk=2,kc=160",
+    "8:rt=1,stages=4,warps=4,split=5,bulk=2,kc=512;16:rt=2,stages=3,warps=8,split=2,bulk=2,kc=1024",
     "8:rt=1,stages=8,warps=4,split=2,bulk=1;16:rt=1,stages=4,warps=2,split=7,bulk=1,kc=96",
 ]
 

@@ -43,23 +43,24 @@ class GemmConfig:
     push: int = 0  # cluster reduction: 0 pull (barrier + DSMEM loads), 1 push (st.async + mbarrier)
     # 1: skinny_bulk (a producer warp streams rows with cp.async.bulk into a `stages`-deep ring of
     # `kc`-wide stages, `warps` consumer warps; rt 1..2, pull reduction); 0: skinny_gemm
+    # 2: the same with direct activations (consumers load them from global memory; weights-only ring)
     bulk: int = 0
     kc: int = 256  # bulk only: k per ring stage (compile-time)
 
     def __post_init__(self):
         if not (1 <= self.rt <= 8 and 2 <= self.stages <= 16 and 1 <= self.warps <= 8
-                and 0 <= self.split <= MAX_SPLIT and self.push in (0, 1) and self.bulk in (0, 1)
-                and 32 <= self.kc <= 1024 and self.kc % 32 == 0):
+                and 0 <= self.split <= MAX_SPLIT and self.push in (0, 1) and self.bulk in (0, 1, 2)
+                and 32 <= self.kc <= 4096 and self.kc % 32 == 0):
             raise ValueError(f"bad JIT GEMM config {self}: need rt 1..8, stages 2..16, warps 1..8, "
-                             f"split 0..{MAX_SPLIT}, push 0|1, bulk 0|1, kc 32..1024 in steps of 32")
+                             f"split 0..{MAX_SPLIT}, push 0|1, bulk 0..2, kc 32..4096 in steps of 32")
         if self.bulk and (self.rt > 2 or self.push):
             raise ValueError(f"bad JIT GEMM config {self}: bulk=1 needs rt 1..2 and push=0")
 
 
 # Defaults (first measured guesses; see benchmark/results/h200/ for the numbers behind them).
 DEFAULT_RULES = {
-    ROUTER: ((MAX_M, GemmConfig(rt=1, stages=2, warps=4, split=0, bulk=1, kc=1024)),),
-    FUSED_A: ((MAX_M, GemmConfig(rt=1, stages=6, warps=4, split=0, bulk=1, kc=512)),),
+    ROUTER: ((MAX_M, GemmConfig(rt=1, stages=2, warps=4, split=0, bulk=2, kc=1024)),),
+    FUSED_A: ((MAX_M, GemmConfig(rt=1, stages=3, warps=8, split=0, bulk=2, kc=2048)),),
 }
 _SOURCES = {
     ROUTER: ("dsv3_router_gemm.cuh", "dsv3_router_gemm_kernel"),
@@ -121,6 +122,8 @@ def instance(op: str, m: int, out_dtype: torch.dtype, cfg: GemmConfig):
     defines = {"SK_NT": 1 if m <= 8 else 2, "SK_RT": cfg.rt, "SK_STAGES": cfg.stages, "SK_PUSH": cfg.push}
     if cfg.bulk:
         defines.update(SK_BULK=1, SK_KC=cfg.kc)
+        if cfg.bulk == 2:
+            defines["SK_ACTW"] = cfg.warps
     if op == ROUTER:
         defines["SK_OUT_BF16"] = int(out_dtype == torch.bfloat16)
     return KernelInstance.make(source, entry, SIGNATURE, **defines)
@@ -145,7 +148,7 @@ def smem_bytes(cfg: GemmConfig, nt: int, split: int = 1) -> int:
     """Mirror of skinny_main_bytes (+ the PUSH receive area) / bulk_smem_bytes in kernels/common.cuh."""
     if cfg.bulk:
         row = cfg.kc * 2 + 64
-        return (cfg.stages * (16 * cfg.rt + 8 * nt) * row + cfg.stages * 16 + cfg.warps * cfg.rt * nt * 4 * 32 * 4
+        return (cfg.stages * (16 * cfg.rt + (0 if cfg.bulk == 2 else 8 * nt)) * row + cfg.stages * 16 + cfg.warps * cfg.rt * nt * 4 * 32 * 4
                 + 8 * nt * 16 * cfg.rt * 4)
     ring = cfg.stages * cfg.warps * (2 * cfg.rt + nt) * 512
     reduce = (cfg.warps + 1) * cfg.rt * nt * 128 * 4
@@ -186,7 +189,7 @@ def launch_geometry(cfg: GemmConfig, n: int, k: int, sm_count: int) -> tuple[tup
     blocks_k = -(-k // 32)
     split = cfg.split or min(MAX_CLUSTER, max(1, sm_count // groups))
     split = max(1, min(split, blocks_k // cfg.warps or 1))
-    threads = 32 * (cfg.warps + 2 * cfg.bulk)  # bulk: + the two producer warps
+    threads = 32 * (cfg.warps + (2 if cfg.bulk else 0))  # bulk: + the two producer warps
     return (groups, split, 1), (threads, 1, 1), ((1, split, 1) if split > 1 else None)
 
 

@@ -362,9 +362,17 @@ __device__ __forceinline__ void skinny_gemm(const __nv_bfloat16* __restrict__ ac
 // Cluster split-K (grid.y = cluster size S) reduces like the pull mode above.
 // Shared memory: ring | full[STAGES] | empty[STAGES] | warp partials | CTA sums (bulk_smem_bytes).
 __host__ __device__ constexpr int bulk_row_bytes(int kc) { return kc * 2 + 64; }  // 64-B pad: conflict-free lds128
-__host__ __device__ constexpr int bulk_stage_bytes(int rt, int nt, int kc) { return (16 * rt + 8 * nt) * bulk_row_bytes(kc); }
-__host__ __device__ constexpr int bulk_smem_bytes(int rt, int nt, int kc, int stages, int cw) {
-    return stages * bulk_stage_bytes(rt, nt, kc) + stages * 16 + cw * rt * nt * 4 * 32 * 4 + 8 * nt * 16 * rt * 4;
+// actw > 0 ("direct activations"): the ring holds weights only; consumers load their token chunks
+// straight from global memory (L2-resident) into registers before waiting for the stage.
+__host__ __device__ constexpr int bulk_stage_bytes(int rt, int nt, int kc, int actw) {
+    return (16 * rt + (actw ? 0 : 8 * nt)) * bulk_row_bytes(kc);
+}
+__host__ __device__ constexpr int bulk_smem_bytes(int rt, int nt, int kc, int stages, int cw, int actw) {
+    return stages * bulk_stage_bytes(rt, nt, kc, actw) + stages * 16 + cw * rt * nt * 4 * 32 * 4 + 8 * nt * 16 * rt * 4;
+}
+__device__ __forceinline__ void ldg_nc128(const void* p, unsigned (&v)[4]) {
+    asm volatile("ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(v[0]), "=r"(v[1]), "=r"(v[2]), "=r"(v[3]) : "l"(p));
 }
 
 __device__ __forceinline__ void mbar_init_cta(unsigned mbar, unsigned count) {
@@ -396,12 +404,13 @@ __device__ __forceinline__ void bulk_g2s(unsigned dst, const void* src, unsigned
                  :: "r"(dst), "l"(src), "r"(bytes), "r"(mbar) : "memory");
 }
 
-template <int RT, int NT, int KC, int STAGES, bool OUT_BF16>
+template <int RT, int NT, int KC, int STAGES, bool OUT_BF16, int ACTW>
 __device__ __forceinline__ void skinny_bulk(const __nv_bfloat16* __restrict__ act, const __nv_bfloat16* __restrict__ w,
                                             void* __restrict__ out, int M, int N, int K, int lda, int ldw, int ldo) {
     static_assert(RT >= 1 && NT >= 1 && NT <= 2 && STAGES >= 2 && KC % 32 == 0 && KC >= 32, "bad bulk config");
     constexpr int ROWB = bulk_row_bytes(KC);
-    constexpr int STAGE_B = bulk_stage_bytes(RT, NT, KC);
+    constexpr int STAGE_B = bulk_stage_bytes(RT, NT, KC, ACTW);
+    constexpr int BPW = ACTW > 0 ? (KC / 32 + ACTW - 1) / (ACTW > 0 ? ACTW : 1) : 1;  // 32-k blocks per consumer warp
     constexpr int ROWS = 16 * RT;
     constexpr int TOK = 8 * NT;
     constexpr int FR = RT * NT * 4;
@@ -412,7 +421,7 @@ __device__ __forceinline__ void skinny_bulk(const __nv_bfloat16* __restrict__ ac
 
     const int lane = threadIdx.x & 31;
     const int warp = threadIdx.x >> 5;
-    const int cw = (int)(blockDim.x >> 5) - 2;  // consumer warps; the last two warps are the producers
+    const int cw = ACTW > 0 ? ACTW : (int)(blockDim.x >> 5) - 2;  // consumer warps; the last two produce
     const int g = lane >> 2;
     const int t = lane & 3;
     const unsigned crank = cluster_rank();
@@ -438,7 +447,7 @@ __device__ __forceinline__ void skinny_bulk(const __nv_bfloat16* __restrict__ ac
     if (threadIdx.x == 0) {
 #pragma unroll 1
         for (int s = 0; s < STAGES; ++s) {
-            mbar_init_cta(full + 8 * s, 2);
+            mbar_init_cta(full + 8 * s, ACTW > 0 ? 1 : 2);
             mbar_init_cta(empty + 8 * s, (unsigned)cw);
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
@@ -462,11 +471,12 @@ __device__ __forceinline__ void skinny_bulk(const __nv_bfloat16* __restrict__ ac
         const bool wts = warp == cw;
         if (!wts) pdl_wait();
         const int nrow = wts ? rows : toks;
+        const int nloop = wts || ACTW == 0 ? nst : 0;  // direct activations: the second warp idles
         const __nv_bfloat16* src0 = wts ? w + (long long)row0 * ldw : act;
         const long long ld = wts ? ldw : lda;
         const unsigned dst0 = base + (unsigned)((wts ? 0 : ROWS) * ROWB);
 #pragma unroll 1
-        for (int i = 0; i < nst; ++i) {
+        for (int i = 0; i < nloop; ++i) {
             const int s = i % STAGES;
             if (i >= STAGES) mbar_wait_parity(empty + 8 * s, (unsigned)(((i / STAGES) - 1) & 1));
             const int k0 = kb + i * KC;
@@ -488,12 +498,27 @@ __device__ __forceinline__ void skinny_bulk(const __nv_bfloat16* __restrict__ ac
         for (int i = 0; i < nst; ++i) {
             const int s = i % STAGES;
             const int len = ke - (kb + i * KC) < KC ? ke - (kb + i * KC) : KC;
+            unsigned av[BPW][NT][4];  // direct activations: this warp's token chunks of the stage
+            if constexpr (ACTW > 0) {
+#pragma unroll
+                for (int b = 0; b < BPW; ++b) {
+                    const int kk = kb + i * KC + (b * ACTW + warp) * 32 + 8 * t;
+#pragma unroll
+                    for (int n = 0; n < NT; ++n) {
+                        const int tok = 8 * n + g;
+                        if (b * ACTW + warp < KC / 32 && kk < ke && tok < M)
+                            ldg_nc128(act + (long long)tok * lda + kk, av[b][n]);
+                        else
+                            av[b][n][0] = av[b][n][1] = av[b][n][2] = av[b][n][3] = 0u;
+                    }
+                }
+            }
             mbar_wait_parity(full + 8 * s, (unsigned)((i / STAGES) & 1));
             const unsigned sb = base + (unsigned)(s * STAGE_B) + (unsigned)(16 * t);
 #pragma unroll
             for (int b = 0; b < KC / 32; b += 1) {
                 const int bb = b * cw + warp;  // interleaved 32-k blocks across the consumer warps
-                if (bb >= KC / 32 || bb * 32 >= len) break;
+                if (bb >= KC / 32 || bb * 32 >= len || (ACTW > 0 && b >= BPW)) break;
                 const unsigned off = sb + (unsigned)(bb * 64);
                 unsigned a[RT][2][4], bt[NT][4];
 #pragma unroll
@@ -501,8 +526,15 @@ __device__ __forceinline__ void skinny_bulk(const __nv_bfloat16* __restrict__ ac
                     lds128(off + (16 * r + g) * ROWB, a[r][0]);
                     lds128(off + (16 * r + g + 8) * ROWB, a[r][1]);
                 }
+                if constexpr (ACTW > 0) {
 #pragma unroll
-                for (int n = 0; n < NT; ++n) lds128(off + (ROWS + 8 * n + g) * ROWB, bt[n]);
+                    for (int n = 0; n < NT; ++n)
+#pragma unroll
+                        for (int j = 0; j < 4; ++j) bt[n][j] = av[b < BPW ? b : 0][n][j];
+                } else {
+#pragma unroll
+                    for (int n = 0; n < NT; ++n) lds128(off + (ROWS + 8 * n + g) * ROWB, bt[n]);
+                }
                 if (bb * 32 + 8 * t >= len) {  // partial last block: this thread's chunk is past K
 #pragma unroll
                     for (int j = 0; j < 4; ++j) {
