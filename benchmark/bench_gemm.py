@@ -42,19 +42,15 @@ DEVICE = "cuda"
 OPS = {"router": jb.ROUTER, "fused_a": jb.FUSED_A}
 # Designs compared in one GPU run (cold); the defaults are in jb.DEFAULT_RULES.
 BUILTIN_VARIANTS = [
-    "r_old@router@rt=1,stages=8,warps=4,split=0",
-    "r_oldw8@router@rt=1,stages=4,warps=8,split=0",
-    "r_d512@router@rt=1,stages=2,warps=4,split=0,bulk=2,kc=512",
-    "r_d256@router@rt=1,stages=4,warps=4,split=0,bulk=2,kc=256",
-    "r_dw8@router@rt=1,stages=2,warps=8,split=0,bulk=2,kc=1024",
-    "r_ds4@router@rt=1,stages=2,warps=4,split=4,bulk=2,kc=1024",
-    "r_ds16@router@rt=1,stages=2,warps=4,split=16,bulk=2,kc=512",
-    "fa_rt1old@fused_a@rt=1,stages=8,warps=8,split=1",
+    "r_rot@router@rt=1,stages=8,warps=4,split=0,rot=1",
+    "r_w8@router@rt=1,stages=4,warps=8,split=0",
+    "r_bulk@router@rt=1,stages=2,warps=4,split=0,bulk=2,kc=1024",
+    "fa_rot@fused_a@rt=1,stages=8,warps=8,split=1,rot=1",
     "fa_b1024@fused_a@rt=1,stages=3,warps=4,split=0,bulk=1,kc=1024",
-    "fa_d1024@fused_a@rt=1,stages=6,warps=8,split=0,bulk=2,kc=1024",
-    "fa_d1536@fused_a@rt=1,stages=4,warps=8,split=0,bulk=2,kc=1536",
-    "fa_d2048w4@fused_a@rt=1,stages=3,warps=4,split=0,bulk=2,kc=2048",
-    "fa_drt2s2@fused_a@rt=2,stages=3,warps=8,split=2,bulk=2,kc=1024",
+    "fa_b1024rot@fused_a@rt=1,stages=3,warps=4,split=0,bulk=1,kc=1024,rot=1",
+    "fa_d2048@fused_a@rt=1,stages=3,warps=8,split=0,bulk=2,kc=2048",
+    "fa_d2048rot@fused_a@rt=1,stages=3,warps=8,split=0,bulk=2,kc=2048,rot=1",
+    "fa_rt4rot@fused_a@rt=4,stages=4,warps=4,split=0,rot=1",
 ]
 MAIN_IMPLS = ["flashinfer", "torch", "jit_op", "jit", "flashinfer_pdl", "jit_pdl"]
 

@@ -221,6 +221,12 @@ CONFIGS = [
     "rt=1,stages=3,warps=8,split=0,bulk=2,kc=2048",
     "rt=2,stages=3,warps=3,split=3,bulk=2,kc=160",
     "8:rt=1,stages=4,warps=4,split=5,bulk=2,kc=512;16:rt=2,stages=3,warps=8,split=2,bulk=2,kc=1024",
+    # rotated K walks (rot=1), both kernels
+    "rt=1,stages=8,warps=8,split=1,rot=1",
+    "rt=3,stages=4,warps=3,split=5,rot=1",
+    "rt=1,stages=3,warps=4,split=0,bulk=1,kc=1024,rot=1",
+    "rt=1,stages=3,warps=8,split=0,bulk=2,kc=2048,rot=1",
+    "rt=2,stages=2,warps=3,split=3,bulk=2,kc=160,rot=1",
     "8:rt=1,stages=8,warps=4,split=2,bulk=1;16:rt=1,stages=4,warps=2,split=7,bulk=1,kc=96",
 ]
 

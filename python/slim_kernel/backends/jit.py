@@ -46,10 +46,11 @@ class GemmConfig:
     # 2: the same with direct activations (consumers load them from global memory; weights-only ring)
     bulk: int = 0
     kc: int = 256  # bulk only: k per ring stage (compile-time)
+    rot: int = 0  # 1: each CTA starts its K walk at its own offset (compile-time)
 
     def __post_init__(self):
         if not (1 <= self.rt <= 8 and 2 <= self.stages <= 16 and 1 <= self.warps <= 8
-                and 0 <= self.split <= MAX_SPLIT and self.push in (0, 1) and self.bulk in (0, 1, 2)
+                and 0 <= self.split <= MAX_SPLIT and self.push in (0, 1) and self.bulk in (0, 1, 2) and self.rot in (0, 1)
                 and 32 <= self.kc <= 4096 and self.kc % 32 == 0):
             raise ValueError(f"bad JIT GEMM config {self}: need rt 1..8, stages 2..16, warps 1..8, "
                              f"split 0..{MAX_SPLIT}, push 0|1, bulk 0..2, kc 32..4096 in steps of 32")
@@ -57,10 +58,15 @@ class GemmConfig:
             raise ValueError(f"bad JIT GEMM config {self}: bulk=1 needs rt 1..2 and push=0")
 
 
-# Defaults (first measured guesses; see benchmark/results/h200/ for the numbers behind them).
+# Defaults, chosen from the H200 runs in benchmark/results/h200/tuning/ (cold, CUDA-graph replay; see
+# NOTES_kernels.md there): the per-thread cp.async kernel (skinny_gemm) beat every bulk-copy variant.
+#   router: 16-row CTAs, clusters of 8 along K (128 CTAs), 4 warps x 8 stages: 4.6-5.3 us without
+#           PDL, 3.0-3.5 with; bulk variants 5.0-8.5 / 3.4-3.8.
+#   fused-A: one 16-row CTA per SM (132 CTAs, no cluster), 8 warps split K, 8 stages: 10.4-12.9 us;
+#           bulk copies 11.5-14 (best 1-D bulk: 11.6-12.6 with 2 KB row copies).
 DEFAULT_RULES = {
-    ROUTER: ((MAX_M, GemmConfig(rt=1, stages=2, warps=4, split=0, bulk=2, kc=1024)),),
-    FUSED_A: ((MAX_M, GemmConfig(rt=1, stages=3, warps=8, split=0, bulk=2, kc=2048)),),
+    ROUTER: ((MAX_M, GemmConfig(rt=1, stages=8, warps=4, split=0)),),
+    FUSED_A: ((MAX_M, GemmConfig(rt=1, stages=8, warps=8, split=1)),),
 }
 _SOURCES = {
     ROUTER: ("dsv3_router_gemm.cuh", "dsv3_router_gemm_kernel"),
@@ -120,6 +126,8 @@ def instance(op: str, m: int, out_dtype: torch.dtype, cfg: GemmConfig):
 
     source, entry = _SOURCES[op]
     defines = {"SK_NT": 1 if m <= 8 else 2, "SK_RT": cfg.rt, "SK_STAGES": cfg.stages, "SK_PUSH": cfg.push}
+    if cfg.rot:
+        defines["SK_ROT"] = 1
     if cfg.bulk:
         defines.update(SK_BULK=1, SK_KC=cfg.kc)
         if cfg.bulk == 2:

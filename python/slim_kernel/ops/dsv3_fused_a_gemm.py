@@ -33,12 +33,31 @@ def _flashinfer_check(output, mat_a, mat_b) -> str | None:
     return None
 
 
-# Priority: jit, flashinfer, torch. Our kernel (kernels/dsv3_fused_a_gemm.cuh) covers M <= 16,
-# K % 8 == 0, any N, row-strided mat_a, on SM >= 9.0; tinygemm needs K % 64, N % 16.
+# Measured rule (H200, cold, CUDA-graph replay; benchmark/results/h200/bench_gemm.json and
+# NOTES_kernels.md): tinygemm is faster at M <= 8 (9.7-10.1 us vs our 10.4-11.7), ours at
+# M >= 9 (11.6-12.9 us vs tinygemm's 15.5-16.9, which switches tiles above 8 tokens). So the JIT
+# spec defers to flashinfer at M <= DEFER_MAX_M when tinygemm can serve the call.
+DEFER_MAX_M = 8
+_FLASHINFER_INSTALLED: list = []
+
+
+def _jit_defer(output, mat_a, mat_b) -> str | None:
+    if mat_a.shape[0] > DEFER_MAX_M or _flashinfer_check(output, mat_a, mat_b) is not None:
+        return None
+    if not _FLASHINFER_INSTALLED:
+        _FLASHINFER_INSTALLED.append(flashinfer_probe() is None)
+    if _FLASHINFER_INSTALLED[0]:
+        return f"tinygemm measured faster at M <= {DEFER_MAX_M}"
+    return None
+
+
+# Priority: jit, flashinfer, torch (jit defers as above). Our kernel (kernels/dsv3_fused_a_gemm.cuh)
+# covers M <= 16, K % 8 == 0, any N, row-strided mat_a, on SM >= 9.0; tinygemm needs K % 64, N % 16.
 registry.register(
     KernelSpec(OP, KernelBackend.JIT, "slim_kernel.backends.jit:dsv3_fused_a_gemm",
-               min_sm=(9, 0), check=_jit.fused_a_check, probe=_jit.probe,
-               note="first for M<=16, any N, K%8 (swap-AB mma, cluster split-K); H200 timing pending"),
+               min_sm=(9, 0), check=_jit.fused_a_check, probe=_jit.probe, defer=_jit_defer,
+               note=f"first for M<=16, any N, K%8 (swap-AB mma, 16-row CTA per SM, 8 warps split K); "
+                    f"defers to tinygemm at M<={DEFER_MAX_M} (H200: faster there)"),
     KernelSpec(OP, KernelBackend.FLASHINFER, "slim_kernel.backends.flashinfer:dsv3_fused_a_gemm",
                min_sm=(9, 0), check=_flashinfer_check, probe=flashinfer_probe,
                note="tinygemm_bf16(mat_a, mat_b.T)"),

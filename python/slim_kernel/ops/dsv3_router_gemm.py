@@ -35,12 +35,40 @@ def _flashinfer_check(output, hidden_states, router_weights) -> str | None:
     return None
 
 
-# Priority: jit, flashinfer, torch. Our kernel (kernels/dsv3_router_gemm.cuh) covers M <= 16,
-# any E, K % 8 == 0, row-strided activations, on SM >= 9.0; flashinfer covers K=7168, E 256/384.
+# Measured rule (H200, cold, CUDA-graph replay; benchmark/results/h200/bench_gemm.json and
+# NOTES_kernels.md): with PDL (our default) the JIT kernel is as fast as flashinfer at M=1-2
+# (2.99 vs 2.95 us) and faster above; without PDL flashinfer's kernel is faster up to M=9
+# (2.95 vs 4.6 us at M=1, E=256) and ours from M=10 on (E=256 and 384). So the JIT spec defers
+# to flashinfer when PDL is off, M <= DEFER_MAX_M and flashinfer can serve the call.
+DEFER_MAX_M = 9
+_FLASHINFER_INSTALLED: list = []
+
+
+def _flashinfer_serves(output, hidden_states, router_weights) -> bool:
+    if _flashinfer_check(output, hidden_states, router_weights) is not None:
+        return False
+    if not _FLASHINFER_INSTALLED:
+        _FLASHINFER_INSTALLED.append(flashinfer_probe() is None)
+    dev = hidden_states.device.index if hidden_states.device.index is not None else torch.cuda.current_device()
+    return _FLASHINFER_INSTALLED[0] and (9, 0) <= registry._capability(dev) <= (10, 7)
+
+
+def _jit_defer(output, hidden_states, router_weights) -> str | None:
+    if _jit.PDL or hidden_states.shape[0] > DEFER_MAX_M:
+        return None
+    if _flashinfer_serves(output, hidden_states, router_weights):
+        return f"flashinfer measured faster without PDL at M <= {DEFER_MAX_M}"
+    return None
+
+
+# Priority: jit, flashinfer, torch (jit defers as above). Our kernel (kernels/dsv3_router_gemm.cuh)
+# covers M <= 16, any E, K % 8 == 0, row-strided activations, on SM >= 9.0; flashinfer covers
+# K=7168, E 256/384.
 registry.register(
     KernelSpec(OP, KernelBackend.JIT, "slim_kernel.backends.jit:dsv3_router_gemm",
-               min_sm=(9, 0), check=_jit.router_check, probe=_jit.probe,
-               note="first for M<=16, any E, K%8 (swap-AB mma, cluster split-K); H200 timing pending"),
+               min_sm=(9, 0), check=_jit.router_check, probe=_jit.probe, defer=_jit_defer,
+               note=f"first for M<=16, any E, K%8 (swap-AB mma, cluster split-K); defers to flashinfer "
+                    f"when PDL is off and M<={DEFER_MAX_M} (H200: faster there)"),
     KernelSpec(OP, KernelBackend.FLASHINFER, "slim_kernel.backends.flashinfer:dsv3_router_gemm",
                min_sm=(9, 0), max_sm=(10, 7), check=_flashinfer_check, probe=flashinfer_probe,
                note="mm_M1_16_K7168_N256/N384 (+_bf16)"),

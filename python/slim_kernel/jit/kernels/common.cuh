@@ -161,7 +161,7 @@ constexpr int kMaxSplit = 16;
 //  true:  each rank pushes its CTA sums to the owning rank with st.async, which completes bytes on
 //         the owner's mbarrier (initialised and armed at kernel entry; one relaxed cluster barrier
 //         arrive at entry / wait before the first push). No fence, no trailing barrier.
-template <int RT, int NT, int STAGES, bool OUT_BF16, bool PUSH>
+template <int RT, int NT, int STAGES, bool OUT_BF16, bool PUSH, bool ROT>
 __device__ __forceinline__ void skinny_gemm(const __nv_bfloat16* __restrict__ act, const __nv_bfloat16* __restrict__ w,
                                             void* __restrict__ out, int M, int N, int K, int lda, int ldw, int ldo) {
     static_assert(RT >= 1 && NT >= 1 && NT <= 2 && STAGES >= 2, "bad tile config");
@@ -226,8 +226,13 @@ __device__ __forceinline__ void skinny_gemm(const __nv_bfloat16* __restrict__ ac
         }
     }
 
+    // ROT: CTA x walks its blocks starting at block (x mod nblk), so the SMs do not all read the
+    // same K offset of rows 14336 B apart at the same time (one HBM channel group in lockstep).
+    const int rot = ROT && nblk > 0 ? (int)(blockIdx.x % (unsigned)nblk) : 0;
     auto issue = [&](int stage, int blk, int lo, int hi) {
-        const int k = (b0 + blk) * 32;  // thread's chunk starts at k + 8t (src already has + 8t)
+        int rb = blk + rot;
+        rb = rb >= nblk ? rb - nblk : rb;
+        const int k = (b0 + rb) * 32;  // thread's chunk starts at k + 8t (src already has + 8t)
         const bool kok = k + 8 * t < K;
         const unsigned dst = ring + (unsigned)(stage * L * 512);
 #pragma unroll
@@ -404,7 +409,7 @@ __device__ __forceinline__ void bulk_g2s(unsigned dst, const void* src, unsigned
                  :: "r"(dst), "l"(src), "r"(bytes), "r"(mbar) : "memory");
 }
 
-template <int RT, int NT, int KC, int STAGES, bool OUT_BF16, int ACTW>
+template <int RT, int NT, int KC, int STAGES, bool OUT_BF16, int ACTW, bool ROT>
 __device__ __forceinline__ void skinny_bulk(const __nv_bfloat16* __restrict__ act, const __nv_bfloat16* __restrict__ w,
                                             void* __restrict__ out, int M, int N, int K, int lda, int ldw, int ldo) {
     static_assert(RT >= 1 && NT >= 1 && NT <= 2 && STAGES >= 2 && KC % 32 == 0 && KC >= 32, "bad bulk config");
@@ -437,6 +442,13 @@ __device__ __forceinline__ void skinny_bulk(const __nv_bfloat16* __restrict__ ac
     ke = ke < K ? ke : K;
     const int klen = ke > kb ? ke - kb : 0;
     const int nst = (klen + KC - 1) / KC;
+    // ROT: CTA x takes its K chunks in the order x mod nst, x+1 mod nst, ... (see skinny_gemm).
+    const int rot = ROT && nst > 0 ? (int)(blockIdx.x % (unsigned)nst) : 0;
+    auto chunk_k0 = [&](int i) {
+        int j = i + rot;
+        j = j >= nst ? j - nst : j;
+        return kb + j * KC;
+    };
 
     const unsigned base = smem_addr(smem);
     const unsigned full = base + (unsigned)(STAGES * STAGE_B);
@@ -479,7 +491,7 @@ __device__ __forceinline__ void skinny_bulk(const __nv_bfloat16* __restrict__ ac
         for (int i = 0; i < nloop; ++i) {
             const int s = i % STAGES;
             if (i >= STAGES) mbar_wait_parity(empty + 8 * s, (unsigned)(((i / STAGES) - 1) & 1));
-            const int k0 = kb + i * KC;
+            const int k0 = chunk_k0(i);
             const unsigned bytes = (unsigned)((ke - k0 < KC ? ke - k0 : KC) * 2);
             const unsigned bar = full + 8 * s;
             const unsigned dst = dst0 + (unsigned)(s * STAGE_B);
@@ -497,12 +509,13 @@ __device__ __forceinline__ void skinny_bulk(const __nv_bfloat16* __restrict__ ac
 #pragma unroll 1
         for (int i = 0; i < nst; ++i) {
             const int s = i % STAGES;
-            const int len = ke - (kb + i * KC) < KC ? ke - (kb + i * KC) : KC;
+            const int k0 = chunk_k0(i);
+            const int len = ke - k0 < KC ? ke - k0 : KC;
             unsigned av[BPW][NT][4];  // direct activations: this warp's token chunks of the stage
             if constexpr (ACTW > 0) {
 #pragma unroll
                 for (int b = 0; b < BPW; ++b) {
-                    const int kk = kb + i * KC + (b * ACTW + warp) * 32 + 8 * t;
+                    const int kk = k0 + (b * ACTW + warp) * 32 + 8 * t;
 #pragma unroll
                     for (int n = 0; n < NT; ++n) {
                         const int tok = 8 * n + g;
@@ -515,10 +528,12 @@ __device__ __forceinline__ void skinny_bulk(const __nv_bfloat16* __restrict__ ac
             }
             mbar_wait_parity(full + 8 * s, (unsigned)((i / STAGES) & 1));
             const unsigned sb = base + (unsigned)(s * STAGE_B) + (unsigned)(16 * t);
-#pragma unroll
-            for (int b = 0; b < KC / 32; b += 1) {
+            constexpr int NB = ACTW > 0 ? BPW : KC / 32;  // loop bound (direct: av[] needs constant b)
+            constexpr int UNR = ACTW > 0 ? BPW : (KC / 32 < 8 ? KC / 32 : 8);
+#pragma unroll UNR
+            for (int b = 0; b < NB; b += 1) {
                 const int bb = b * cw + warp;  // interleaved 32-k blocks across the consumer warps
-                if (bb >= KC / 32 || bb * 32 >= len || (ACTW > 0 && b >= BPW)) break;
+                if (bb >= KC / 32 || bb * 32 >= len) break;
                 const unsigned off = sb + (unsigned)(bb * 64);
                 unsigned a[RT][2][4], bt[NT][4];
 #pragma unroll

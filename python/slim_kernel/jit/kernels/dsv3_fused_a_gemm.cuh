@@ -13,6 +13,7 @@
 //               0: slim::skinny_gemm (per-thread cp.async ring)
 //   SK_KC       bulk: k per stage (multiple of 32, default 256)
 //   SK_ACTW     bulk: 0 activations through the ring; W > 0 consumers (W warps) load them directly
+//   SK_ROT      1: each CTA walks K starting at an offset of its own (spreads HBM channels)
 // Runtime: grid (ceil(N / (16*SK_RT)), S), cluster (1, S, 1), block 32*W, smem from jit.py.
 #include "common.cuh"
 
@@ -34,6 +35,9 @@
 #ifndef SK_ACTW
 #define SK_ACTW 0
 #endif
+#ifndef SK_ROT
+#define SK_ROT 0
+#endif
 #ifndef SK_STAGES
 #define SK_STAGES 4
 #endif
@@ -42,8 +46,8 @@ extern "C" __global__ void __launch_bounds__(320, 1)
 dsv3_fused_a_gemm_kernel(const __nv_bfloat16* __restrict__ mat_a, const __nv_bfloat16* __restrict__ weight,
                          __nv_bfloat16* __restrict__ out, int M, int N, int K, int ld_a, int ld_weight, int ld_out) {
 #if SK_BULK
-    slim::skinny_bulk<SK_RT, SK_NT, SK_KC, SK_STAGES, true, SK_ACTW>(mat_a, weight, out, M, N, K, ld_a, ld_weight, ld_out);
+    slim::skinny_bulk<SK_RT, SK_NT, SK_KC, SK_STAGES, true, SK_ACTW, SK_ROT != 0>(mat_a, weight, out, M, N, K, ld_a, ld_weight, ld_out);
 #else
-    slim::skinny_gemm<SK_RT, SK_NT, SK_STAGES, true, SK_PUSH != 0>(mat_a, weight, out, M, N, K, ld_a, ld_weight, ld_out);
+    slim::skinny_gemm<SK_RT, SK_NT, SK_STAGES, true, SK_PUSH != 0, SK_ROT != 0>(mat_a, weight, out, M, N, K, ld_a, ld_weight, ld_out);
 #endif
 }

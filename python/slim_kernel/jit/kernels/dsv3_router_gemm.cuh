@@ -13,6 +13,7 @@
 //               0: slim::skinny_gemm (per-thread cp.async ring)
 //   SK_KC       bulk: k per stage (multiple of 32, default 256)
 //   SK_ACTW     bulk: 0 activations through the ring; W > 0 consumers (W warps) load them directly
+//   SK_ROT      1: each CTA walks K starting at an offset of its own (spreads HBM channels)
 // Runtime: grid (ceil(E / (16*SK_RT)), S), cluster (1, S, 1), block 32*W, smem from jit.py.
 #include "common.cuh"
 
@@ -34,6 +35,9 @@
 #ifndef SK_ACTW
 #define SK_ACTW 0
 #endif
+#ifndef SK_ROT
+#define SK_ROT 0
+#endif
 #ifndef SK_STAGES
 #define SK_STAGES 8
 #endif
@@ -45,10 +49,10 @@ extern "C" __global__ void __launch_bounds__(320, 1)
 dsv3_router_gemm_kernel(const __nv_bfloat16* __restrict__ hidden_states, const __nv_bfloat16* __restrict__ router_weights,
                         void* __restrict__ out, int M, int E, int K, int ld_hidden, int ld_weight, int ld_out) {
 #if SK_BULK
-    slim::skinny_bulk<SK_RT, SK_NT, SK_KC, SK_STAGES, SK_OUT_BF16 != 0, SK_ACTW>(hidden_states, router_weights, out, M, E, K, ld_hidden,
+    slim::skinny_bulk<SK_RT, SK_NT, SK_KC, SK_STAGES, SK_OUT_BF16 != 0, SK_ACTW, SK_ROT != 0>(hidden_states, router_weights, out, M, E, K, ld_hidden,
                                                                 ld_weight, ld_out);
 #else
-    slim::skinny_gemm<SK_RT, SK_NT, SK_STAGES, SK_OUT_BF16 != 0, SK_PUSH != 0>(hidden_states, router_weights, out, M, E, K,
+    slim::skinny_gemm<SK_RT, SK_NT, SK_STAGES, SK_OUT_BF16 != 0, SK_PUSH != 0, SK_ROT != 0>(hidden_states, router_weights, out, M, E, K,
                                                                  ld_hidden, ld_weight, ld_out);
 #endif
 }
