@@ -33,21 +33,23 @@ def _flashinfer_check(output, mat_a, mat_b) -> str | None:
     return None
 
 
-# Measured rule (H200, cold, CUDA-graph replay; benchmark/results/h200/bench_gemm.json and
-# NOTES_kernels.md): tinygemm is faster at M <= 8 (9.7-10.1 us vs our 10.4-11.7), ours at
-# M >= 9 (11.6-12.9 us vs tinygemm's 15.5-16.9, which switches tiles above 8 tokens). So the JIT
-# spec defers to flashinfer at M <= DEFER_MAX_M when tinygemm can serve the call.
+# Measured rule (H200, cold, CUDA-graph replay, run 7 = benchmark/results/h200/bench_gemm.json;
+# NOTES_kernels.md): without PDL tinygemm is faster at M <= 8 (9.7-10.0 us vs our 10.4-11.6);
+# with PDL (our default) ours is faster than tinygemm as the flashinfer backend runs it (no PDL):
+# 8.6-9.3 vs 9.7-10.0 us at M <= 8; at M >= 9 ours wins either way (11.7-12.9 / 9.5-10.6 vs
+# tinygemm's 15.5-17.0, which switches tiles above 8 tokens). So the JIT spec defers to tinygemm
+# when PDL is off and M <= DEFER_MAX_M and tinygemm can serve the call.
 DEFER_MAX_M = 8
 _FLASHINFER_INSTALLED: list = []
 
 
 def _jit_defer(output, mat_a, mat_b) -> str | None:
-    if mat_a.shape[0] > DEFER_MAX_M or _flashinfer_check(output, mat_a, mat_b) is not None:
+    if _jit.PDL or mat_a.shape[0] > DEFER_MAX_M or _flashinfer_check(output, mat_a, mat_b) is not None:
         return None
     if not _FLASHINFER_INSTALLED:
         _FLASHINFER_INSTALLED.append(flashinfer_probe() is None)
     if _FLASHINFER_INSTALLED[0]:
-        return f"tinygemm measured faster at M <= {DEFER_MAX_M}"
+        return f"tinygemm measured faster without PDL at M <= {DEFER_MAX_M}"
     return None
 
 
@@ -57,7 +59,7 @@ registry.register(
     KernelSpec(OP, KernelBackend.JIT, "slim_kernel.backends.jit:dsv3_fused_a_gemm",
                min_sm=(9, 0), check=_jit.fused_a_check, probe=_jit.probe, defer=_jit_defer,
                note=f"first for M<=16, any N, K%8 (swap-AB mma, 16-row CTA per SM, 8 warps split K); "
-                    f"defers to tinygemm at M<={DEFER_MAX_M} (H200: faster there)"),
+                    f"defers to tinygemm when PDL is off and M<={DEFER_MAX_M} (H200: faster there)"),
     KernelSpec(OP, KernelBackend.FLASHINFER, "slim_kernel.backends.flashinfer:dsv3_fused_a_gemm",
                min_sm=(9, 0), check=_flashinfer_check, probe=flashinfer_probe,
                note="tinygemm_bf16(mat_a, mat_b.T)"),

@@ -35,12 +35,13 @@ def _flashinfer_check(output, hidden_states, router_weights) -> str | None:
     return None
 
 
-# Measured rule (H200, cold, CUDA-graph replay; benchmark/results/h200/bench_gemm.json and
-# NOTES_kernels.md): with PDL (our default) the JIT kernel is as fast as flashinfer at M=1-2
-# (2.99 vs 2.95 us) and faster above; without PDL flashinfer's kernel is faster up to M=9
-# (2.95 vs 4.6 us at M=1, E=256) and ours from M=10 on (E=256 and 384). So the JIT spec defers
-# to flashinfer when PDL is off, M <= DEFER_MAX_M and flashinfer can serve the call.
-DEFER_MAX_M = 9
+# Measured rule (H200, cold, CUDA-graph replay, run 7 = benchmark/results/h200/bench_gemm.json;
+# NOTES_kernels.md): with PDL (our default) the JIT kernel ties flashinfer-as-served (no PDL) at
+# M=1 (3.00 vs 2.96 us E=256, 3.43 vs 3.43 E=384) and is faster from M=2 on (3.57 vs 6.27 at
+# M=16). Without PDL flashinfer's kernel is faster up to M=10 (2.96 vs 4.62 us at M=1, 5.08 vs
+# 5.19 at M=10, E=256; 5.99 vs 6.04 at M=10, E=384) and ours from M=11 on. So the JIT spec
+# defers to flashinfer when PDL is off, M <= DEFER_MAX_M and flashinfer can serve the call.
+DEFER_MAX_M = 10
 _FLASHINFER_INSTALLED: list = []
 
 

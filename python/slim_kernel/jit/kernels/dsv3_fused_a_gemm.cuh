@@ -1,6 +1,7 @@
 // dsv3_fused_a_gemm: out(M, N) bf16 = mat_a(M, K) bf16 @ mat_b(K, N), mat_b column-major, i.e. the
 // contiguous (N, K) weight W read row by row; fp32 accumulation. M <= 16, K % 8 == 0, any N
-// (7168 -> 2112 tuned: 2112 / 16 = 132 row tiles, one per H200 SM when RT * S = 4 * 4).
+// (7168 -> 2112 tuned: 2112 / 16 = 132 row tiles, one 16-row CTA per H200 SM: RT=1, no cluster,
+// 8 warps splitting K; measured in benchmark/results/h200/NOTES_kernels.md).
 // Kernel body: slim::skinny_gemm in common.cuh (design notes there).
 // slim:limits max_registers=168 max_spill_bytes=0 max_smem_static=0
 //
