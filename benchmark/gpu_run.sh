@@ -25,20 +25,23 @@ done
 
 stamp "installing slim-kernel"
 python3 -m pip install -q --no-build-isolation --no-deps . 2>&1 | tail -5
-(cd /tmp && python3 -m slim_kernel info) | tee "$OUT/info.txt"
-stamp "waiting for flashinfer modules"; wait "${warm_pids[@]}"; tee -a "$OUT/info.txt" </tmp/warm_flashinfer.log
+LOG="$OUT/gpu_tests.log"  # info, flashinfer warm-up, pytest -m gpu, AOT baseline check (8-file limit)
+(cd /tmp && python3 -m slim_kernel info) | tee "$LOG"
+stamp "waiting for flashinfer modules"; wait "${warm_pids[@]}"; tee -a "$LOG" </tmp/warm_flashinfer.log
 
 summary=()
 if [[ " $STAGES " == *" tests "* ]]; then
   stamp "pytest -m gpu"
   python3 -m pytest tests -m gpu -q -p no:cacheprovider --maxfail=30 -o addopts="" -rfEs \
-      >"$OUT/pytest_gpu.log" 2>&1
-  summary+=("pytest -m gpu: $(tail -1 "$OUT/pytest_gpu.log")")
+      >/tmp/pytest_gpu.log 2>&1
+  cat /tmp/pytest_gpu.log >>"$LOG"
+  summary+=("pytest -m gpu: $(tail -1 /tmp/pytest_gpu.log)")
   stamp "pytest done"
 fi
 if [[ " $STAGES " == *" bench "* && -f benchmark/bench_gemm.py ]]; then
   stamp "bench_gemm"
   python3 benchmark/bench_gemm.py --json "$OUT/bench_gemm.json" --png "$OUT/bench_gemm.png" 2>&1 | tail -40
+  python3 benchmark/bench_floor.py --json "$OUT/bench_floor.json" 2>&1 | tail -6
 fi
 if [[ " $STAGES " == *" launch "* && -f benchmark/bench_launch.py ]]; then
   stamp "bench_launch"
@@ -52,11 +55,12 @@ if [[ " $STAGES " == *" aot "* && -d csrc/aot_baseline ]]; then
   # Last: installing the AOT baseline replaces the shipped build in this environment.
   stamp "building the AOT baseline (sm_90a) and testing it against the JIT path"
   SLIM_KERNEL_AOT_BASELINE=ON SLIM_KERNEL_AOT_ARCHS=90a python3 -m pip install -q --no-build-isolation --no-deps . \
-      >"$OUT/aot_gpu.log" 2>&1
+      >/tmp/aot_gpu.log 2>&1
   python3 -m pytest tests/test_aot_baseline_gpu.py -m gpu -q -p no:cacheprovider -o addopts="" -rfEs \
-      >>"$OUT/aot_gpu.log" 2>&1
-  summary+=("aot baseline on GPU: $(tail -1 "$OUT/aot_gpu.log")")
+      >>/tmp/aot_gpu.log 2>&1
+  cat /tmp/aot_gpu.log >>"$LOG"
+  summary+=("aot baseline on GPU: $(tail -1 /tmp/aot_gpu.log)")
 fi
 stamp "done"
-grep -E "^(FAILED|ERROR)" "$OUT/pytest_gpu.log" 2>/dev/null | head -20
+grep -E "^(FAILED|ERROR)" "$LOG" 2>/dev/null | head -20
 printf '%s\n' "${summary[@]}"
