@@ -11,12 +11,15 @@ import hashlib
 import json
 import os
 import re
-import shutil
 import subprocess
+import sys
 import time
 from pathlib import Path
 
 import nox
+
+sys.path.insert(0, str(Path(__file__).parent / "python"))
+from slim_kernel.jit.compiler import find_nvcc  # noqa: E402  (stdlib-only module: no torch, no CUDA)
 
 ROOT = Path(__file__).parent
 DIST = ROOT / "dist"
@@ -141,23 +144,9 @@ def _wheel_budget() -> str:
     return str(budget)
 
 
-def _find_nvcc() -> str | None:
-    if os.environ.get("CUDACXX") and os.access(os.environ["CUDACXX"], os.X_OK):
-        return os.environ["CUDACXX"]
-    for var in ("CUDA_HOME", "CUDA_PATH"):
-        cand = Path(os.environ.get(var, "/nonexistent")) / "bin" / "nvcc"
-        if cand.is_file() and os.access(cand, os.X_OK):
-            return str(cand)
-    found = shutil.which("nvcc")
-    if found:
-        return found
-    cand = Path("/usr/local/cuda/bin/nvcc")
-    return str(cand) if cand.is_file() and os.access(cand, os.X_OK) else None
-
-
 def _baseline_wheel(session: nox.Session) -> Path | None:
     """Build (when stale) the AOT baseline wheel into dist-baseline/; None when nvcc is missing."""
-    nvcc = _find_nvcc()
+    nvcc = find_nvcc()
     if nvcc is None:
         session.warn("nvcc not found (PATH, CUDACXX, CUDA_HOME, /usr/local/cuda): the AOT baseline cannot be built; "
                      "reporting the shipped wheel only")

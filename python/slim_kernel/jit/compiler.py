@@ -224,6 +224,10 @@ def _check_nvrtc(nvrtc, err, what: str) -> None:
 
 
 def find_nvcc() -> str | None:
+    """nvcc from CUDACXX (what CMake uses too), CUDA_HOME/CUDA_PATH, PATH, or /usr/local/cuda."""
+    cudacxx = os.environ.get("CUDACXX")
+    if cudacxx and os.path.isfile(cudacxx) and os.access(cudacxx, os.X_OK):
+        return cudacxx
     for var in ("CUDA_HOME", "CUDA_PATH"):
         if os.environ.get(var):
             cand = Path(os.environ[var]) / "bin" / "nvcc"
