@@ -33,8 +33,9 @@ class _CublasFp8Direct:
 
     The public call builds a cuBLAS runner, asks the autotuner for a (runner, tactic) and
     runs it on a process-wide workspace. Here the runner is built once and the tuner's
-    answer is cached per shape/dtype signature (asked again whenever the tuner is tuning or
-    its cache changed), so the very same cuBLASLt call runs: bit-identical by construction.
+    answer and the workspace are cached per shape/dtype/device signature (asked again whenever
+    the tuner is tuning or its cache changed), so the very same cuBLASLt call runs:
+    bit-identical by construction.
     """
 
     def __init__(self):
@@ -46,25 +47,23 @@ class _CublasFp8Direct:
         self._runner = gemm_base.get_gemm_module().cublas_fp8_gemm_runner()
         # What the runner calls for tactic -1 (cuBLASLt's heuristic): called directly here.
         self._heuristic = gen_gemm_module().build_and_load().bmm_fp8
-        self._tactics: dict = {}
-        self._workspaces: dict = {}
+        self._plans: dict = {}  # (shapes, dtypes, device, tuner cache size) -> (tactic, workspace)
 
     def __call__(self, out, A, B, A_scale, B_scale) -> None:
-        gb, tuner = self._gb, self._tuner
-        ws = self._workspaces.get(A.device)
-        if ws is None:
-            ws = self._workspaces[A.device] = gb._get_cache_buf("bmm_fp8_workspace", gb.DEFAULT_WORKSPACE_SIZE,
-                                                                 A.device)
-        inputs = [A, B, A_scale, B_scale, out, ws]
-        key = (A.shape, B.shape, A.dtype, B.dtype, out.dtype, len(tuner.profiling_cache))
-        tactic = self._tactics.get(key)
-        if tactic is None or tuner.is_tuning_mode:
-            _, tactic = tuner.choose_one("fp8_gemm", [self._runner], gb._FP8_GEMM_SM100_TUNING_CONFIG, inputs)
-            self._tactics[key] = tactic
+        tuner = self._tuner
+        key = (A.shape, B.shape, A.dtype, B.dtype, out.dtype, A.device, len(tuner.profiling_cache))
+        plan = self._plans.get(key)
+        if plan is None or tuner.is_tuning_mode:
+            gb = self._gb
+            ws = gb._get_cache_buf("bmm_fp8_workspace", gb.DEFAULT_WORKSPACE_SIZE, A.device)
+            _, tactic = tuner.choose_one("fp8_gemm", [self._runner], gb._FP8_GEMM_SM100_TUNING_CONFIG,
+                                         [A, B, A_scale, B_scale, out, ws])
+            plan = self._plans[key] = (tactic, ws)
+        tactic, ws = plan
         if tactic == -1:
             self._heuristic(A, B, out, A_scale, B_scale, ws)
         else:
-            self._runner(inputs=inputs, tactic=tactic)
+            self._runner(inputs=[A, B, A_scale, B_scale, out, ws], tactic=tactic)
 
 
 _direct: list = []  # [_CublasFp8Direct | None] once decided (built lazily: it JIT-builds flashinfer's gemm module)

@@ -154,6 +154,29 @@ __host__ __device__ constexpr int skinny_main_bytes(int rt, int nt, int stages, 
 
 constexpr int kMaxSplit = 16;
 
+// Pull reduction over a cluster (both kernel bodies): this rank finalises outputs
+// [mine_lo, mine_lo + mine_n) of the tokens x ROWS tile, summing every rank's partials in rank
+// order (deterministic, no atomics), all remote loads issued before the sum.
+template <int ROWS, bool OUT_BF16>
+__device__ __forceinline__ void cluster_pull_reduce(const float* csum, unsigned csize, int mine_lo, int mine_n,
+                                                    void* __restrict__ out, int ldo, int row0, int row_end) {
+    cluster_sync();
+    const unsigned csum_addr = smem_addr(csum);
+    for (int j = threadIdx.x; j < mine_n; j += blockDim.x) {
+        const int o = mine_lo + j;
+        const int tok = o / ROWS, rl = o - tok * ROWS;
+        float v[kMaxSplit];
+#pragma unroll
+        for (int rk = 0; rk < kMaxSplit; ++rk) v[rk] = rk < (int)csize ? ld_dsmem_f32(mapa(csum_addr + o * 4, rk)) : 0.f;
+        float s = 0.f;
+#pragma unroll
+        for (int rk = 0; rk < kMaxSplit; ++rk) s += rk < (int)csize ? v[rk] : 0.f;
+        if (row0 + rl < row_end) store_out<OUT_BF16>(out, (long long)tok * ldo + row0 + rl, s);
+    }
+    cluster_sync_relaxed();  // keep this CTA's shared memory alive until every rank has read it
+}
+
+
 // Cluster reduction modes (PUSH template flag):
 //  false: every rank stores its CTA sums locally; barrier.cluster (release/acquire); rank r reads
 //         its share of the outputs from all ranks (ld.shared::cluster); a relaxed cluster barrier
@@ -335,21 +358,7 @@ __device__ __forceinline__ void skinny_gemm(const __nv_bfloat16* __restrict__ ac
         }
         return;
     } else {
-        // Pull: rank r finalises its share, summing ranks in order (all remote loads issued first).
-        cluster_sync();
-        const unsigned csum_addr = smem_addr(csum);
-        for (int j = threadIdx.x; j < mine; j += blockDim.x) {
-            const int o = mine_lo + j;
-            const int tok = o / ROWS, rl = o - tok * ROWS;
-            float v[kMaxSplit];
-#pragma unroll
-            for (int rk = 0; rk < kMaxSplit; ++rk) v[rk] = rk < (int)csize ? ld_dsmem_f32(mapa(csum_addr + o * 4, rk)) : 0.f;
-            float s = 0.f;
-#pragma unroll
-            for (int rk = 0; rk < kMaxSplit; ++rk) s += rk < (int)csize ? v[rk] : 0.f;
-            if (row0 + rl < N) store_out<OUT_BF16>(out, (long long)tok * ldo + row0 + rl, s);
-        }
-        cluster_sync_relaxed();  // keep this CTA's shared memory alive until every rank has read it
+        cluster_pull_reduce<ROWS, OUT_BF16>(csum, csize, mine_lo, mine, out, ldo, row0, N);
     }
 }
 
@@ -601,20 +610,7 @@ __device__ __forceinline__ void skinny_bulk(const __nv_bfloat16* __restrict__ ac
     const int per = (outs + (int)csize - 1) / (int)csize;
     const int mine_lo = (int)crank * per;
     const int mine_n = outs - mine_lo < per ? (outs - mine_lo > 0 ? outs - mine_lo : 0) : per;
-    cluster_sync();
-    const unsigned csum_addr = smem_addr(csum);
-    for (int j = threadIdx.x; j < mine_n; j += blockDim.x) {
-        const int o = mine_lo + j;
-        const int tok = o / ROWS, rl = o - tok * ROWS;
-        float v[kMaxSplit];
-#pragma unroll
-        for (int rk = 0; rk < kMaxSplit; ++rk) v[rk] = rk < (int)csize ? ld_dsmem_f32(mapa(csum_addr + o * 4, rk)) : 0.f;
-        float s = 0.f;
-#pragma unroll
-        for (int rk = 0; rk < kMaxSplit; ++rk) s += rk < (int)csize ? v[rk] : 0.f;
-        if (rl < rows) store_out<OUT_BF16>(out, (long long)tok * ldo + row0 + rl, s);
-    }
-    cluster_sync_relaxed();
+    cluster_pull_reduce<ROWS, OUT_BF16>(csum, csize, mine_lo, mine_n, out, ldo, row0, row0 + rows);
 }
 
 }  // namespace slim
