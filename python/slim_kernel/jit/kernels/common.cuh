@@ -29,6 +29,27 @@
 #pragma once
 #include <cuda_bf16.h>
 
+// Defaults of the -D parameters both entry files share (each sets its own SK_RT and SK_STAGES;
+// the JIT backend passes every parameter it tunes).
+#ifndef SK_NT
+#define SK_NT 2
+#endif
+#ifndef SK_PUSH
+#define SK_PUSH 0
+#endif
+#ifndef SK_BULK
+#define SK_BULK 0
+#endif
+#ifndef SK_KC
+#define SK_KC 256
+#endif
+#ifndef SK_ACTW
+#define SK_ACTW 0
+#endif
+#ifndef SK_ROT
+#define SK_ROT 0
+#endif
+
 namespace slim {
 
 __device__ __forceinline__ unsigned smem_addr(const void* p) {
@@ -150,6 +171,16 @@ __host__ __device__ constexpr int skinny_reduce_bytes(int rt, int nt, int warps)
 __host__ __device__ constexpr int skinny_main_bytes(int rt, int nt, int stages, int warps) {
     return skinny_ring_bytes(rt, nt, stages, warps) > skinny_reduce_bytes(rt, nt, warps)
                ? skinny_ring_bytes(rt, nt, stages, warps) : skinny_reduce_bytes(rt, nt, warps);
+}
+
+template <int RT, int NT>
+__device__ __forceinline__ void zero_acc(float (&acc)[RT][NT][4]) {
+#pragma unroll
+    for (int r = 0; r < RT; ++r)
+#pragma unroll
+        for (int n = 0; n < NT; ++n)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) acc[r][n][i] = 0.f;
 }
 
 constexpr int kMaxSplit = 16;
@@ -276,12 +307,7 @@ __device__ __forceinline__ void skinny_gemm(const __nv_bfloat16* __restrict__ ac
     }
 
     float acc[RT][NT][4];
-#pragma unroll
-    for (int r = 0; r < RT; ++r)
-#pragma unroll
-        for (int n = 0; n < NT; ++n)
-#pragma unroll
-            for (int i = 0; i < 4; ++i) acc[r][n][i] = 0.f;
+    zero_acc<RT, NT>(acc);
 
     int rd = 0;           // ring stage read this iteration
     int wr = STAGES - 1;  // ring stage refilled this iteration (read in the previous one)
@@ -476,12 +502,7 @@ __device__ __forceinline__ void skinny_bulk(const __nv_bfloat16* __restrict__ ac
     __syncthreads();
 
     float acc[RT][NT][4];
-#pragma unroll
-    for (int r = 0; r < RT; ++r)
-#pragma unroll
-        for (int n = 0; n < NT; ++n)
-#pragma unroll
-            for (int i = 0; i < 4; ++i) acc[r][n][i] = 0.f;
+    zero_acc<RT, NT>(acc);
 
     if (warp >= cw) {
         // Two producer warps: cw streams the weight rows, cw + 1 the token rows; each arms the

@@ -18,26 +18,8 @@
 // Runtime: grid (ceil(N / (16*SK_RT)), S), cluster (1, S, 1), block 32*W, smem from jit.py.
 #include "common.cuh"
 
-#ifndef SK_NT
-#define SK_NT 2
-#endif
 #ifndef SK_RT
 #define SK_RT 4
-#endif
-#ifndef SK_PUSH
-#define SK_PUSH 0
-#endif
-#ifndef SK_BULK
-#define SK_BULK 0
-#endif
-#ifndef SK_KC
-#define SK_KC 256
-#endif
-#ifndef SK_ACTW
-#define SK_ACTW 0
-#endif
-#ifndef SK_ROT
-#define SK_ROT 0
 #endif
 #ifndef SK_STAGES
 #define SK_STAGES 4
