@@ -40,7 +40,7 @@ nox.options.sessions = ["build", "audit", "size"]
 
 
 def _source_hash() -> str:
-    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "pyproject.toml", "CMakeLists.txt",
+    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "pyproject.toml", "CMakeLists.txt", "cmake",
                             "csrc", "python"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
     digest = hashlib.sha256()
     for name in sorted(files):
