@@ -13,7 +13,9 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-DEFAULT_RETIRED = ("bmm_fp8", "dsv3_router_gemm", "dsv3_fused_a_gemm", "dsv3_*")
+from ..names import RETIRED_PATTERNS
+
+DEFAULT_RETIRED = RETIRED_PATTERNS
 
 _WORD = "A-Za-z0-9"
 _PATTERN_OK = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\*?$")

@@ -4,6 +4,6 @@ from .bmm_fp8 import bmm_fp8
 from .dsv3_fused_a_gemm import dsv3_fused_a_gemm
 from .dsv3_router_gemm import dsv3_router_gemm
 
-OPS = ("bmm_fp8", "dsv3_router_gemm", "dsv3_fused_a_gemm")
+from ..names import OPS
 
 __all__ = ["OPS", "bmm_fp8", "dsv3_fused_a_gemm", "dsv3_router_gemm"]
