@@ -7,6 +7,7 @@ import pytest
 from jit_fixtures import instances as fx
 
 from slim_kernel.jit import cache, compiler
+from slim_kernel.jit.catalogue import all_instances
 from slim_kernel.jit.arch import arch_for_capability, normalize_arch, sm_version
 from slim_kernel.jit.resources import check_limits, cubin_sm, parse_ptxas_log
 from slim_kernel.jit.sources import declared_limits, shipped_sources, source_closure, source_path
@@ -15,15 +16,7 @@ from slim_kernel.jit.spec import KernelInstance
 COMPILERS = ("nvrtc", "nvcc")
 
 
-def _shipped_instances() -> list[KernelInstance]:
-    try:
-        from slim_kernel.backends.jit import all_instances
-    except ImportError:
-        return []
-    return list(all_instances())
-
-
-SHIPPED = _shipped_instances()
+SHIPPED = [inst for _, inst in all_instances()]
 FIXTURES = [make() for make in fx.ALL]
 
 
@@ -65,9 +58,7 @@ def test_compiles_for_sm90a_within_declared_limits(inst, compiler_name, module_c
 
 
 def test_every_shipped_entry_source_has_instances():
-    """Every shipped kernel source with an extern "C" entry is reachable from all_instances()."""
-    if not SHIPPED:
-        pytest.skip("slim_kernel.backends.jit.all_instances() not available yet")
+    """Every shipped kernel source with an extern "C" entry is reachable from the catalogue."""
     used = {source_path(i).name for i in SHIPPED}
     entries = {p.name for p in shipped_sources() if 'extern "C"' in p.read_text()}
     assert entries <= used, f"kernel sources never instantiated: {sorted(entries - used)}"

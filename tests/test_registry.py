@@ -38,8 +38,7 @@ def fake_op(monkeypatch):
 
 def _pick(op, m, backend=None):
     x = torch.empty(m, 4)
-    spec, fn = registry.select(op, CPU, (None, x), backend)
-    return spec.backend.value
+    return registry.select(op, CPU, (None, x), backend).spec.backend.value
 
 
 def test_first_eligible_backend_wins(fake_op):
@@ -74,7 +73,7 @@ def test_load_failure_falls_back_with_one_warning(fake_op):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert _pick(op, 8) == "jit"  # remembered as broken: no second warning
-    with pytest.raises(BackendUnavailableError, match="unavailable: ImportError"):
+    with pytest.raises(BackendUnavailableError, match="unavailable: .*:missing does not exist"):
         _pick(op, 8, "flashinfer")
 
 
@@ -104,12 +103,43 @@ def test_import_is_lazy():
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
-def test_defer_skips_only_unpinned_selection(fake_op):
+def test_routing_table_ranks_eligible_backends(fake_op, monkeypatch):
+    """A measured point reorders the eligible backends; unmeasured ones keep priority order."""
+    from slim_kernel import routing
+
     op, _ = fake_op
-    specs = registry._REGISTRY[op]
-    specs[0] = KernelSpec(op, KernelBackend.JIT, specs[0].target, device_types=frozenset({"cpu"}),
-                          defer=lambda out, x: "slower than torch here" if x.shape[0] == 2 else None)
-    assert _pick(op, 3) == "jit"
-    with pytest.warns(RuntimeWarning):  # flashinfer (broken target) is next in line
-        assert _pick(op, 2) == "torch"
-    assert _pick(op, 2, "jit") == "jit"
+    tab = routing.Table({"schema": 1, "arch": "sm_90", "entries": [
+        {"op": op, "shape": {"k": 4}, "m": 2, "flashinfer": "0.7.4", "pdl": True,
+         "us": {"jit:a": 5.0, "torch": 3.0}}]}, "test")
+    monkeypatch.setattr(registry, "decision", lambda o, d, args: tab.lookup(
+        o, {"k": args[1].shape[1]}, args[1].shape[0], "0.7.4", True))
+    sel = registry.select(op, CPU, (None, torch.empty(2, 4)))
+    assert sel.spec.backend is KernelBackend.TORCH and "torch 3.00 us" in sel.why
+    assert _pick(op, 3) == "jit"  # M=3 is not measured: priority order
+    assert _pick(op, 2, "jit") == "jit"  # a pin beats the table
+
+
+def test_routing_table_nearest_version_and_shape():
+    from slim_kernel import routing
+
+    tab = routing.Table({"schema": 1, "arch": "sm_90", "entries": [
+        {"op": "o", "shape": {"n": 2112, "k": 7168}, "m": 1, "flashinfer": v, "pdl": True, "us": {"torch": t}}
+        for v, t in (("0.7.2.post1", 1.0), ("0.7.4", 2.0))]}, "test")
+    exact = tab.lookup("o", {"n": 2112, "k": 7168}, 1, "0.7.4", True)
+    assert exact.match == "exact" and exact.point.best("torch") == (None, 2.0)
+    old = tab.lookup("o", {"n": 2112, "k": 7168}, 1, "0.7.0", True)
+    assert old.point.flashinfer == "0.7.2.post1" and "0.7.2.post1 measurements" in old.match
+    near = tab.lookup("o", {"n": 2000, "k": 7168}, 1, None, True)
+    assert near.point.flashinfer == "0.7.4" and "nearest measured shape" in near.match
+    assert tab.lookup("o", {"n": 2112, "k": 7168}, 2, "0.7.4", True) is None
+    assert tab.lookup("o", {"n": 2112, "k": 7168}, 1, "0.7.4", False) is None
+    with pytest.raises(ValueError, match="schema"):
+        routing.Table({"schema": 99, "arch": "x", "entries": []}, "test")
+
+
+def test_bad_backend_argument_types():
+    h, W = torch.randn(2, 64).bfloat16(), torch.randn(8, 64).bfloat16()
+    with pytest.raises(TypeError, match="backend must be a str"):
+        slim_kernel.dsv3_router_gemm(h, W, backend=["torch"])
+    with pytest.raises(ValueError, match="backend must be one of"):
+        slim_kernel.dsv3_router_gemm(h, W, backend="cuda")

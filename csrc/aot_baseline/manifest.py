@@ -2,9 +2,9 @@
 
     python csrc/aot_baseline/manifest.py -o manifest.json
 
-Imports ``slim_kernel`` from this source tree (not an installed copy), so the baseline always
-compiles the instance list of the sources it is built from; needs torch (CPU is enough), no GPU.
-The JIT tile rules honour ``SLIM_KERNEL_JIT_CONFIG_<OP>`` like the runtime does.
+Reads the kernel catalogue (``slim_kernel/jit/catalogue.py``, torch-free) of this source tree,
+not an installed copy, so the baseline always compiles the instance list of the sources it is
+built from: every configuration the routing tables may pick. Needs no torch and no GPU.
 
 Format (read by csrc/aot_baseline/CMakeLists.txt with string(JSON)):
     {"format": 1, "instances": [{"op", "source", "entry", "signature", "key", "defines": [[name, value], ...]}]}
@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from pathlib import Path
 
@@ -30,21 +29,21 @@ def instance_key(defines) -> str:
 
 def build_manifest() -> dict:
     sys.path.insert(0, str(ROOT / "python"))
-    from slim_kernel.backends.jit import all_instances
+    from slim_kernel.jit.catalogue import all_instances
 
     rows = []
-    for inst in all_instances():
+    for op, inst in all_instances():
         if Path(inst.source).is_absolute():
             raise SystemExit(f"manifest: instance source {inst.source!r} is not a shipped kernel under "
                              "slim_kernel/jit/kernels/")
         for name, value in inst.defines:
             if not isinstance(value, int) and not str(value).replace("_", "").isalnum():
                 raise SystemExit(f"manifest: define {name}={value!r} is not an int or identifier")
-        rows.append({"op": os.path.splitext(os.path.basename(inst.source))[0], "source": inst.source,
+        rows.append({"op": op, "source": inst.source,
                      "entry": inst.entry, "signature": inst.signature, "key": instance_key(inst.defines),
                      "defines": [[name, value] for name, value in inst.defines]})
     if not rows:
-        raise SystemExit("manifest: slim_kernel.backends.jit.all_instances() returned no instances")
+        raise SystemExit("manifest: slim_kernel.jit.catalogue.all_instances() returned no instances")
     return {"format": FORMAT, "instances": rows}
 
 

@@ -1,11 +1,19 @@
 """Backends, kernel specs and deterministic backend selection.
 
-A :class:`KernelSpec` says which backend can serve an op, where its implementation
-lives (imported lazily, on first use), what the device must offer (device type, SM
-window) and which calls it accepts (``check``: shape, dtype, layout). Selection is
-deterministic: a pinned ``backend=``, else ``SLIM_KERNEL_BACKEND_<OP>``, else the
-first eligible spec in the op's priority order. A spec whose implementation fails to
-load (no flashinfer, no CUDA compiler) is skipped with one warning, unless pinned.
+A :class:`KernelSpec` says which backend can serve an op, where its implementation lives
+(imported lazily, on first use), what the device must offer (device type, SM window) and which
+calls it accepts (``check``: shape, dtype, layout). Selection is deterministic:
+
+1. a pinned ``backend=``, else ``SLIM_KERNEL_BACKEND_<OP>``: that backend or a clear error;
+2. else, among the eligible specs, the one measured fastest for this call in the committed
+   routing table of the device's arch (``routing.py``; ops register their shape key with
+   :func:`register_op`), the JIT backend with the configuration that won there;
+3. where nothing was measured, the first eligible spec in the op's priority order.
+
+A spec whose implementation fails to load (no flashinfer, no CUDA compiler, a broken install)
+is skipped with one warning, unless pinned. A spec's ``target`` is either the implementation
+``fn(output, *inputs)`` or, with ``prepare=True``, a factory ``prepare(args, variant) -> fn``
+called once per call signature (the op layer caches what :func:`select` returns).
 """
 
 from __future__ import annotations
@@ -16,23 +24,26 @@ import importlib
 import os
 import warnings
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
+
+from . import knobs, routing
 
 __all__ = [
     "BackendUnavailableError",
     "KernelBackend",
     "KernelSpec",
+    "Selection",
     "register",
+    "register_op",
     "select",
-    "specs_for",
     "explain",
 ]
 
 
 class BackendUnavailableError(RuntimeError):
-    """A pinned backend cannot serve a call (the message says why)."""
+    """A pinned backend cannot serve a call, or no backend can (the message says why)."""
 
 
 class KernelBackend(str, enum.Enum):
@@ -41,18 +52,23 @@ class KernelBackend(str, enum.Enum):
     TORCH = "torch"
 
     @classmethod
-    def parse(cls, value: str | KernelBackend, what: str) -> KernelBackend:
+    def parse(cls, value, what: str) -> KernelBackend:
         if isinstance(value, KernelBackend):
             return value
+        if not isinstance(value, str):
+            raise TypeError(f"{what} must be a str (one of {cls.names()}) or None, got {type(value).__name__}")
         try:
-            return cls(str(value).strip().lower())
+            return cls(value.strip().lower())
         except ValueError:
-            names = ", ".join(repr(b.value) for b in cls)
-            raise ValueError(f"{what} must be one of {names} or None, got {value!r}") from None
+            raise ValueError(f"{what} must be one of {cls.names()} or None, got {value!r}") from None
+
+    @classmethod
+    def names(cls) -> str:
+        return ", ".join(repr(b.value) for b in cls)
 
 
-# A per-call eligibility check gets the op's implementation arguments and returns
-# None when the call is supported, else the reason it is not.
+# A per-call eligibility check gets the op's implementation arguments and returns None when
+# the call is supported, else the reason it is not.
 CallCheck = Callable[..., "str | None"]
 
 
@@ -65,18 +81,15 @@ class KernelSpec:
     min_sm: tuple[int, int] | None = None
     max_sm: tuple[int, int] | None = None  # inclusive
     check: CallCheck | None = None
-    # Per-call preference: a reason to let the next backend serve this call (measured to be
-    # faster there) although this one could. Skipped by unpinned selection only.
-    defer: CallCheck | None = None
     probe: Callable[[], str | None] | None = None  # cheap availability check (no heavy import)
-    note: str = ""  # the documented priority rule, shown by `slim-kernel info`
-    _loaded: dict = field(default_factory=dict, compare=False, repr=False)
+    prepare: bool = False  # target is prepare(args, variant) -> fn
+    note: str = ""  # what the backend runs, shown by `slim-kernel info`
 
     def device_reason(self, device: torch.device) -> str | None:
         if device.type not in self.device_types:
             return f"needs a {'/'.join(sorted(self.device_types))} device, got {device.type}"
         if device.type == "cuda" and (self.min_sm or self.max_sm):
-            sm = _capability(device.index if device.index is not None else torch.cuda.current_device())
+            sm = capability(device)
             if self.min_sm and sm < self.min_sm:
                 return f"needs SM >= {_fmt_sm(self.min_sm)}, device is SM {_fmt_sm(sm)}"
             if self.max_sm and sm > self.max_sm:
@@ -86,20 +99,18 @@ class KernelSpec:
     def call_reason(self, args: Sequence) -> str | None:
         return self.check(*args) if self.check is not None else None
 
-    def load(self) -> Callable:
-        """Import the implementation. Raises ImportError/RuntimeError when it cannot be used."""
-        fn = self._loaded.get("fn")
-        if fn is None:
-            module_name, _, attr = self.target.partition(":")
-            fn = getattr(importlib.import_module(module_name), attr, None)
-            if fn is None:
-                raise ImportError(f"{self.target} does not exist")
-            self._loaded["fn"] = fn
-        return fn
+
+@dataclass(frozen=True)
+class Selection:
+    spec: KernelSpec
+    fn: Callable  # fn(output, *inputs)
+    why: str
 
 
 _REGISTRY: dict[str, list[KernelSpec]] = {}
-_BROKEN: dict[tuple[str, KernelBackend], str] = {}
+_SHAPE_KEYS: dict[str, Callable] = {}  # op -> args -> (routing shape dict, m)
+_IMPLS: dict[tuple[str, KernelBackend], Callable] = {}  # loaded targets
+_BROKEN: dict[tuple[str, KernelBackend], str] = {}  # targets that failed to load, and why
 
 
 def register(*specs: KernelSpec) -> None:
@@ -111,13 +122,23 @@ def register(*specs: KernelSpec) -> None:
         existing.append(spec)
 
 
-def specs_for(op: str) -> list[KernelSpec]:
-    return list(_REGISTRY.get(op, ()))
+def register_op(op: str, shape_key: Callable) -> None:
+    """How to find a call of ``op`` in the routing tables: ``shape_key(*args) -> (shape dict, m)``."""
+    _SHAPE_KEYS[op] = shape_key
 
 
 @functools.cache
 def _capability(index: int) -> tuple[int, int]:
     return torch.cuda.get_device_capability(index)
+
+
+def capability(device: torch.device) -> tuple[int, int]:
+    return _capability(device.index if device.index is not None else torch.cuda.current_device())
+
+
+def arch(device: torch.device) -> str:
+    major, minor = capability(device)
+    return f"sm_{major}{minor}"
 
 
 def _fmt_sm(sm: tuple[int, int]) -> str:
@@ -128,44 +149,81 @@ def env_var(op: str) -> str:
     return f"SLIM_KERNEL_BACKEND_{op.upper()}"
 
 
-def pinned_backend(op: str, backend: str | KernelBackend | None) -> KernelBackend | None:
+def pinned_backend(op: str, backend) -> tuple[KernelBackend | None, str]:
+    """The pinned backend (``backend=`` first, then the environment) and who pinned it."""
     if backend is not None:
-        return KernelBackend.parse(backend, "backend")
+        return KernelBackend.parse(backend, "backend"), "backend="
     value = os.environ.get(env_var(op))
     if value:
-        return KernelBackend.parse(value, env_var(op))
-    return None
+        return KernelBackend.parse(value, env_var(op)), env_var(op)
+    return None, ""
 
 
 def _reason(spec: KernelSpec, device: torch.device, args: Sequence) -> str | None:
-    broken = _BROKEN.get((spec.op, spec.backend))
-    if broken:
-        return broken
-    return spec.device_reason(device) or spec.call_reason(args)
+    return _BROKEN.get((spec.op, spec.backend)) or spec.device_reason(device) or spec.call_reason(args)
 
 
-def _try_load(spec: KernelSpec) -> tuple[Callable | None, str | None]:
-    """Import the implementation; on first load also ask the probe (compiler, driver present?)."""
+def _load(spec: KernelSpec) -> tuple[Callable | None, str | None]:
+    """The implementation, or (None, why). On first load the probe also runs; any failure of an
+    optional dependency (a broken flashinfer raising AttributeError at import, say) is a reason."""
+    key = (spec.op, spec.backend)
+    fn = _IMPLS.get(key)
+    if fn is not None:
+        return fn, None
+    if key in _BROKEN:
+        return None, _BROKEN[key]
     try:
-        first = "fn" not in spec._loaded
-        fn = spec.load()
-        reason = spec.probe() if first and spec.probe is not None else None
+        reason = spec.probe() if spec.probe is not None else None
         if reason is None:
-            return fn, None
-        spec._loaded.pop("fn")
-        reason = f"unavailable: {reason}"
-    except (ImportError, RuntimeError, OSError) as exc:
-        reason = f"unavailable: {type(exc).__name__}: {exc}"
-    _BROKEN[(spec.op, spec.backend)] = reason
-    return None, reason
+            module_name, _, attr = spec.target.partition(":")
+            fn = getattr(importlib.import_module(module_name), attr, None)
+            if fn is None:
+                reason = f"{spec.target} does not exist"
+    except Exception as exc:  # noqa: BLE001 - any import-time failure of a backend makes it unavailable
+        fn, reason = None, f"{type(exc).__name__}: {exc}"
+    if reason is not None:
+        reason = _BROKEN[key] = f"unavailable: {reason}"
+        return None, reason
+    _IMPLS[key] = fn
+    return fn, None
 
 
-def select(op: str, device: torch.device, args: Sequence, backend=None) -> tuple[KernelSpec, Callable]:
-    """Return the spec and implementation that serve this call."""
+def decision(op: str, device: torch.device, args: Sequence) -> routing.Decision | None:
+    """The routing-table point for this call, or None (no table for the arch, op or M)."""
+    shape_key = _SHAPE_KEYS.get(op)
+    if shape_key is None or device.type != "cuda":
+        return None
+    tab = routing.table(arch(device))
+    if tab is None:
+        return None
+    shape, m = shape_key(*args)
+    return tab.lookup(op, shape, m, routing.flashinfer_version(), knobs.pdl())
+
+
+def _bind(spec: KernelSpec, fn: Callable, args: Sequence, dec: routing.Decision | None) -> Callable:
+    if not spec.prepare:
+        return fn
+    best = dec.point.best(spec.backend.value) if dec is not None else None
+    return fn(args, best[0] if best else None)
+
+
+def _ranked(specs: list[KernelSpec], dec: routing.Decision | None) -> list[KernelSpec]:
+    if dec is None:
+        return specs
+    def key(item):
+        i, spec = item
+        best = dec.point.best(spec.backend.value)
+        return (best is None, best[1] if best else 0.0, i)
+    return [spec for _, spec in sorted(enumerate(specs), key=key)]
+
+
+def select(op: str, device: torch.device, args: Sequence, backend=None) -> Selection:
+    """The spec and bound implementation that serve this call, and why."""
     specs = _REGISTRY.get(op)
     if not specs:
         raise KeyError(f"no backends registered for op {op!r}")
-    pinned = pinned_backend(op, backend)
+    knobs.check_env()
+    pinned, by = pinned_backend(op, backend)
     if pinned is not None:
         spec = next((s for s in specs if s.backend == pinned), None)
         if spec is None:
@@ -173,26 +231,42 @@ def select(op: str, device: torch.device, args: Sequence, backend=None) -> tuple
         reason = _reason(spec, device, args)
         fn = None
         if reason is None:
-            fn, reason = _try_load(spec)
+            fn, reason = _load(spec)
         if reason is not None:
             raise BackendUnavailableError(f"{op}: backend {pinned.value!r} cannot serve this call: {reason}")
-        return spec, fn
+        dec = decision(op, device, args)
+        return Selection(spec, _bind(spec, fn, args, dec), f"pinned by {by}")
+    reasons = []
+    eligible = []
     for spec in specs:
-        if _reason(spec, device, args) is not None or (spec.defer is not None and spec.defer(*args)):
-            continue
-        fn, reason = _try_load(spec)
+        reason = _reason(spec, device, args)
+        if reason is None:
+            eligible.append(spec)
+        else:
+            reasons.append(f"{spec.backend.value}: {reason}")
+    dec = decision(op, device, args) if eligible else None
+    for spec in _ranked(eligible, dec):
+        fn, reason = _load(spec)
         if fn is not None:
-            return spec, fn
+            why = (f"measured fastest of the eligible backends: {dec.why(spec.backend.value)}"
+                   if dec is not None and dec.point.best(spec.backend.value) else "first eligible in priority order")
+            return Selection(spec, _bind(spec, fn, args, dec), why)
         warnings.warn(f"slim_kernel: {op} backend {spec.backend.value!r} {reason}; falling back",
                       RuntimeWarning, stacklevel=3)
-    raise BackendUnavailableError(f"{op}: no backend can serve this call")
+        reasons.append(f"{spec.backend.value}: {reason}")
+    raise BackendUnavailableError(f"{op}: no backend can serve this call ({'; '.join(reasons)})")
 
 
 def explain(op: str, device: torch.device, args: Sequence | None = None) -> list[tuple[KernelSpec, str | None]]:
     """Each spec of ``op`` with the reason it cannot serve (None = eligible), for `info`."""
     rows = []
     for spec in _REGISTRY.get(op, ()):
-        reason = _BROKEN.get((op, spec.backend)) or (spec.probe() if spec.probe else None)
+        reason = _BROKEN.get((op, spec.backend))
+        if reason is None and spec.probe is not None:
+            try:
+                reason = spec.probe()
+            except Exception as exc:  # noqa: BLE001 - a broken install is a reason, not a crash
+                reason = f"{type(exc).__name__}: {exc}"
         reason = reason or spec.device_reason(device)
         if reason is None and args is not None:
             reason = spec.call_reason(args)

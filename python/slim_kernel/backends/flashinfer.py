@@ -15,6 +15,8 @@ from flashinfer.gemm import (
     tinygemm_bf16,
 )
 
+from .. import knobs
+
 # (num_experts, out dtype) -> flashinfer router kernel; all take K = 7168 and M in 1..16.
 ROUTER_KERNELS = {
     (256, torch.float32): mm_M1_16_K7168_N256,
@@ -97,12 +99,14 @@ def bmm_fp8(out: torch.Tensor, A: torch.Tensor, B: torch.Tensor, A_scale: torch.
         _fi_bmm_fp8(A, B, A_scale, B_scale, out.dtype, out, backend="cublas")
 
 
+# Both GEMMs launch with PDL when our knob is on (knobs.pdl(): the weights are parameters, not
+# written by the kernel before): the way the routing table measured them.
 def dsv3_router_gemm(output: torch.Tensor, hidden_states: torch.Tensor, router_weights: torch.Tensor) -> None:
     kernel = ROUTER_KERNELS[(router_weights.shape[0], output.dtype)]
     # flashinfer wants a dense (M, K) activation and the (K, E) column-major weight view.
-    kernel(hidden_states.contiguous(), router_weights.t(), output, launch_with_pdl=False)
+    kernel(hidden_states.contiguous(), router_weights.t(), output, launch_with_pdl=knobs.pdl())
 
 
 def dsv3_fused_a_gemm(output: torch.Tensor, mat_a: torch.Tensor, mat_b: torch.Tensor) -> None:
     # tinygemm computes input @ weight.T with a contiguous (N, K) weight: mat_b.T, no copy.
-    tinygemm_bf16(mat_a.contiguous(), mat_b.t(), output)
+    tinygemm_bf16(mat_a.contiguous(), mat_b.t(), output, use_pdl=knobs.pdl())

@@ -1,13 +1,12 @@
 """`slim-kernel precompile [--arch 9.0a ...] [--ops ...]`: fill the JIT cache ahead of time.
 
-Compiles every kernel instantiation the ops can launch (``slim_kernel.backends.jit.all_instances()``)
+Compiles every kernel instantiation the ops can launch (``slim_kernel.jit.catalogue.all_instances()``)
 for the listed archs, in parallel, with no GPU needed, so an image can ship a warm cache. A second
 run finds everything cached and says so.
 """
 
 from __future__ import annotations
 
-import inspect
 import multiprocessing
 import os
 import sys
@@ -47,24 +46,14 @@ def _default_archs() -> list[str]:
 
 
 def load_instances(ops: list[str] | None) -> list[KernelInstance]:
-    """The instances of ``ops`` (all when None) from ``slim_kernel.backends.jit.all_instances()``."""
-    try:
-        from ..backends import jit as backend
-    except ImportError as exc:
-        raise RuntimeError(f"the JIT backend (slim_kernel.backends.jit) cannot be imported: {exc}") from exc
-    all_instances = getattr(backend, "all_instances", None)
-    if all_instances is None:
-        raise RuntimeError("slim_kernel.backends.jit has no all_instances() yet: nothing to precompile")
-    if ops and "ops" in inspect.signature(all_instances).parameters:
-        return list(all_instances(ops=ops))
-    instances = list(all_instances())
-    if not ops:
-        return instances
-    known = sorted({os.path.splitext(os.path.basename(i.source))[0] for i in instances})
-    unknown = [op for op in ops if op not in known]
+    """The instances of ``ops`` (all JIT ops when None), from the kernel catalogue."""
+    from . import catalogue
+
+    known = tuple(catalogue.SOURCES)
+    unknown = [op for op in ops or () if op not in known]
     if unknown:
         raise ValueError(f"--ops: unknown op(s) {', '.join(unknown)}; JIT ops are {', '.join(known)}")
-    return [i for i in instances if os.path.splitext(os.path.basename(i.source))[0] in ops]
+    return [inst for _, inst in catalogue.all_instances(tuple(ops) if ops else known)]
 
 
 def _compile_one(instance: KernelInstance, arch: str, compiler: str | None) -> tuple[bool, float, str | None]:

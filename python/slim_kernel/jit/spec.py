@@ -11,8 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 # Launch-argument signature codes, one per kernel parameter:
-#   p = device pointer (int address), i = int32, l = int64, f = float32
-SIGNATURE_CODES = frozenset("pilf")
+#   p = device pointer (int address), i = int32, l = int64, f = float32,
+#   t = a 128-byte CUtensorMap passed by value (slim_kernel.jit.tensor_map)
+SIGNATURE_CODES = frozenset("pilft")
 
 
 @dataclass(frozen=True)

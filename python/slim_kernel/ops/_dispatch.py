@@ -4,22 +4,25 @@ Ops are defined with a plain ``torch.library.Library`` schema plus CPU/CUDA kern
 fake kernel: dispatch through it costs ~1 µs, where ``torch.library.custom_op``'s Python
 autograd layers cost ~13 µs per call, and torch.compile, CUDA graphs and opcheck work alike.
 
-:class:`Op` is the public-call path. Validation and backend selection are cached per call
-signature (shapes, strides, dtypes, devices, 16-byte alignment, pinned backend, env
-override). A plain eager call (no compile, tracing, dispatch/function mode, functorch
-transform, tensor subclass or autograd) then runs the selected backend directly; every
-other call goes through the registered op, so torch sees exactly what it would otherwise.
+:class:`Op` is the public-call path. Validation and backend selection run once per call
+signature (shapes, strides, dtypes, devices, 16-byte alignment, pinned backend, env pin): the
+result is a :class:`Plan` holding the bound implementation, rebuilt after any knob change
+(``knobs.bump``). A plain eager call (no compile, tracing, dispatch/function mode, functorch
+transform, tensor subclass or autograd) runs the plan directly; every other call goes through
+the registered op, whose CPU/CUDA kernel uses the same plans.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import os
+from dataclasses import dataclass
 
 import torch
 from torch._C import _functorch
 
-from .. import registry
+from .. import knobs, registry
+from ._validate import backend_arg
 
 _MAX_PLANS = 4096
 # os.environ.get costs ~0.6 µs (str->bytes encoding); the POSIX bytes mapping behind it is
@@ -29,31 +32,13 @@ _ENV_BYTES = getattr(os.environ, "_data", None) if os.name == "posix" else None
 LIB = torch.library.Library("slim_kernel", "DEF")
 
 
-def run(op: str, backend: str | None, output: torch.Tensor, *inputs: torch.Tensor) -> None:
-    args = (output, *inputs)
-    _, fn = registry.select(op, inputs[0].device, args, backend)
-    fn(*args)
-
-
-def define(op: str, params: str):
-    """Define ``slim_kernel::<op>(Tensor(a!) output, <params>, str? backend=None) -> ()``.
-
-    The CPU and CUDA kernels select a backend for each call and run it; the fake kernel
-    does nothing (the output is preallocated by the public function). Returns the overload.
-    """
-    LIB.define(f"{op}(Tensor(a!) output, {params}, str? backend=None) -> ()")
-
-    n_inputs = params.count("Tensor")
-
-    def kernel(output, *rest):
-        # The dispatcher drops trailing arguments that equal their default (backend=None).
-        backend = rest[n_inputs] if len(rest) > n_inputs else None
-        run(op, backend, output, *rest[:n_inputs])
-
-    for key in ("CPU", "CUDA"):
-        LIB.impl(op, kernel, key)
-    torch.library.register_fake(f"slim_kernel::{op}", lambda *args: None, lib=LIB)
-    return getattr(torch.ops.slim_kernel, op).default
+@dataclass(frozen=True, slots=True)
+class Plan:
+    shape: tuple  # output shape
+    dtype: torch.dtype  # output dtype
+    device: torch.device
+    fn: object  # fn(output, *inputs)
+    why: str  # why this backend was selected
 
 
 def _env_reader(name: str):
@@ -69,59 +54,94 @@ def _modes_active() -> bool:
                 or _functorch.peek_interpreter_stack() is not None or torch._C._get_tracing_state())
 
 
+def _signature(tensors) -> tuple:
+    return tuple(x for t in tensors for x in (t.shape, t.stride(), t.dtype, t.device, t.data_ptr() & 15))
+
+
 class Op:
-    """A public op: ``slim_kernel::<name>`` plus the cached eager fast path."""
+    """A public op: ``slim_kernel::<name>(Tensor(a!) output, <params>, str? backend=None) -> ()``
+    plus the cached plans both call paths use."""
 
     def __init__(self, name: str, params: str):
         self.name = name
-        self.overload = define(name, params)
-        self._env = registry.env_var(name)
-        self._env_get = _env_reader(self._env)
+        self.n_inputs = params.count("Tensor")
+        LIB.define(f"{name}(Tensor(a!) output, {params}, str? backend=None) -> ()")
+        for key in ("CPU", "CUDA"):
+            LIB.impl(name, self._dispatched, key)
+        torch.library.register_fake(f"slim_kernel::{name}", lambda *args: None, lib=LIB)
+        self.overload = getattr(torch.ops.slim_kernel, name).default
+        self._env_get = _env_reader(registry.env_var(name))
         self._plans: dict = {}
+        self._generation = knobs.STATE.generation
 
-    def _key(self, backend, output, inputs, extra) -> tuple | None:
-        """The call signature of a plain eager call, else None (modes, subclasses, autograd)."""
-        if _modes_active():
-            return None
-        key = [backend, self._env_get(), extra, output is None]
-        grad = torch.is_grad_enabled()
-        for t in inputs if output is None else (output, *inputs):
-            if type(t) is not torch.Tensor or (grad and t.requires_grad):
-                return None
-            key += (t.shape, t.stride(), t.dtype, t.device, t.data_ptr() & 15)
-        return tuple(key)
+    def _cache(self) -> dict:
+        if self._generation != knobs.STATE.generation:  # a knob changed: every plan is stale
+            self._plans.clear()
+            self._generation = knobs.STATE.generation
+        elif len(self._plans) >= _MAX_PLANS:
+            self._plans.clear()
+        return self._plans
+
+    def _select(self, backend, output, inputs) -> registry.Selection:
+        return registry.select(self.name, inputs[0].device, (output, *inputs), backend)
+
+    def _dispatched(self, output, *rest) -> None:
+        """The registered op's CPU/CUDA kernel (compile, modes, autograd): plans keyed by the call."""
+        # The dispatcher drops trailing arguments that equal their default (backend=None).
+        inputs = rest[:self.n_inputs]
+        backend = rest[self.n_inputs] if len(rest) > self.n_inputs else None
+        key = ("dispatch", backend, self._env_get(), *_signature((output, *inputs)))
+        plans = self._cache()
+        fn = plans.get(key)
+        if fn is None:
+            fn = plans[key] = self._select(backend, output, inputs).fn
+        fn(output, *inputs)
 
     def __call__(self, validate, backend, output, inputs: tuple, extra=()) -> torch.Tensor:
         """Run the op. ``validate()`` raises on bad input, else returns (out shape, out dtype)."""
         if torch.compiler.is_compiling():  # traced: plain checks + the registered op, no caches
+            backend_arg(backend)
             shape, dtype = validate()
             if output is None:
                 output = torch.empty(shape, dtype=dtype, device=inputs[0].device)
             self.overload(output, *inputs, backend)
             return output
-        try:
-            key = self._key(backend, output, inputs, extra)
-            plan = self._plans.get(key) if key is not None else None
-        except TypeError:  # an unhashable argument: validate() names it
-            key = plan = None
+        key = self._key(backend, output, inputs, extra)
+        plans = self._cache()
+        plan = plans.get(key) if key is not None else None
         if plan is None:
+            backend_arg(backend)
             shape, dtype = validate()
-            plan = [shape, dtype, inputs[0].device, None]
-            if key is not None:
-                if len(self._plans) >= _MAX_PLANS:
-                    self._plans.clear()
-                self._plans[key] = plan
-        shape, dtype, device, fn = plan
-        if output is None:
-            output = torch.empty(shape, dtype=dtype, device=device)
-        if key is not None:
-            if fn is None:
-                _, fn = registry.select(self.name, device, (output, *inputs), backend)
-                plan[3] = fn
-            fn(output, *inputs)
-        else:
-            self.overload(output, *inputs, backend)
+            device = inputs[0].device
+            if output is None:
+                output = torch.empty(shape, dtype=dtype, device=device)
+            if device.type == "meta":  # shape propagation only: nothing to compute
+                return output
+            if key is None:  # modes, subclasses, autograd: torch must see the op
+                self.overload(output, *inputs, backend)
+                return output
+            sel = self._select(backend, output, inputs)
+            plan = plans[key] = Plan(shape, dtype, device, sel.fn, sel.why)
+        elif output is None:
+            output = torch.empty(plan.shape, dtype=plan.dtype, device=plan.device)
+        plan.fn(output, *inputs)
         return output
+
+    def _key(self, backend, output, inputs, extra) -> tuple | None:
+        """The call signature of a plain eager call, else None (modes, subclasses, autograd)."""
+        if _modes_active():
+            return None
+        grad = torch.is_grad_enabled()
+        try:
+            for t in inputs if output is None else (output, *inputs):
+                if type(t) is not torch.Tensor or (grad and t.requires_grad) or t.layout is not torch.strided:
+                    return None
+            key = (backend, self._env_get(), extra, output is None,
+                   *_signature(inputs if output is None else (output, *inputs)))
+            hash(key)
+        except (TypeError, RuntimeError):  # an unhashable or odd argument: validate() names it
+            return None
+        return key
 
 
 def module_probe(name: str, what: str):

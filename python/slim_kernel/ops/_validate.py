@@ -8,7 +8,17 @@ import torch
 def tensor(name: str, value) -> torch.Tensor:
     if not isinstance(value, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
+    if value.is_nested:
+        raise ValueError(f"{name} must be a dense (strided) tensor, got a nested tensor")
+    if value.layout is not torch.strided:
+        raise ValueError(f"{name} must be a dense (strided) tensor, got layout {value.layout}")
     return value
+
+
+def backend_arg(value) -> None:
+    """``backend=`` is None or a backend name (checked by name in the registry)."""
+    if value is not None and not isinstance(value, str):
+        raise TypeError(f"backend must be a str ('jit', 'flashinfer' or 'torch') or None, got {type(value).__name__}")
 
 
 def dtype_arg(name: str, value, allowed: tuple[torch.dtype, ...]) -> torch.dtype:

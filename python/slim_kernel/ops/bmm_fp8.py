@@ -5,11 +5,11 @@ from __future__ import annotations
 import torch
 
 from .. import registry
+from ..names import BMM_FP8 as OP
 from ..registry import KernelBackend, KernelSpec
 from . import _validate as v
 from ._dispatch import Op, flashinfer_probe
 
-OP = "bmm_fp8"
 FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
 OUT_DTYPES = (torch.bfloat16, torch.float16)
 
@@ -39,8 +39,8 @@ _op = Op(OP, "Tensor A, Tensor B, Tensor A_scale, Tensor B_scale")
 
 def _scale(name: str, s, device: torch.device) -> None:
     v.tensor(name, s)
-    if s.numel() != 1:
-        raise ValueError(f"{name} must have exactly one element, got shape {tuple(s.shape)}")
+    if s.numel() != 1 or s.dim() > 1:
+        raise ValueError(f"{name} must be a one-element tensor of rank 0 or 1, got shape {tuple(s.shape)}")
     v.dtype(name, s, (torch.float32,))
     v.same_device(name, s, device, "A")
 

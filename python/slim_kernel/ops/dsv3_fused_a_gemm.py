@@ -6,11 +6,10 @@ import torch
 
 from .. import registry
 from ..backends import jit as _jit
+from ..names import FUSED_A as OP
 from ..registry import KernelBackend, KernelSpec
 from . import _validate as v
 from ._dispatch import Op, flashinfer_probe
-
-OP = "dsv3_fused_a_gemm"
 
 
 def _flashinfer_check(output, mat_a, mat_b) -> str | None:
@@ -33,39 +32,26 @@ def _flashinfer_check(output, mat_a, mat_b) -> str | None:
     return None
 
 
-# Measured rule (H200, cold, CUDA-graph replay, run 7 = benchmark/results/h200/bench_gemm.json;
-# NOTES_kernels.md): without PDL tinygemm is faster at M <= 8 (9.7-10.0 us vs our 10.4-11.6);
-# with PDL (our default) ours is faster than tinygemm as the flashinfer backend runs it (no PDL):
-# 8.6-9.3 vs 9.7-10.0 us at M <= 8; at M >= 9 ours wins either way (11.7-12.9 / 9.5-10.6 vs
-# tinygemm's 15.5-17.0, which switches tiles above 8 tokens). So the JIT spec defers to tinygemm
-# when PDL is off and M <= DEFER_MAX_M and tinygemm can serve the call.
-DEFER_MAX_M = 8
-_FLASHINFER_INSTALLED: list = []
+def _shape_key(output, mat_a, mat_b):
+    """Where a call sits in the routing tables (routing.py)."""
+    m, k = mat_a.shape
+    return {"n": mat_b.shape[1], "k": k}, m
 
 
-def _jit_defer(output, mat_a, mat_b) -> str | None:
-    if _jit.PDL or mat_a.shape[0] > DEFER_MAX_M or _flashinfer_check(output, mat_a, mat_b) is not None:
-        return None
-    if not _FLASHINFER_INSTALLED:
-        _FLASHINFER_INSTALLED.append(flashinfer_probe() is None)
-    if _FLASHINFER_INSTALLED[0]:
-        return f"tinygemm measured faster without PDL at M <= {DEFER_MAX_M}"
-    return None
-
-
-# Priority: jit, flashinfer, torch (jit defers as above). Our kernel (kernels/dsv3_fused_a_gemm.cuh)
-# covers M <= 16, K % 8 == 0, any N, row-strided mat_a, on SM >= 9.0; tinygemm needs K % 64, N % 16.
+# Priority order where nothing was measured: jit, flashinfer, torch. Our kernels
+# (jit/kernels/dsv3_fused_a_gemm.cuh) cover M <= 64, K % 8 == 0, any N, row-strided mat_a, on
+# SM >= 9.0; tinygemm needs K % 64, N % 16, M <= 16.
 registry.register(
-    KernelSpec(OP, KernelBackend.JIT, "slim_kernel.backends.jit:dsv3_fused_a_gemm",
-               min_sm=(9, 0), check=_jit.fused_a_check, probe=_jit.probe, defer=_jit_defer,
-               note=f"first for M<=16, any N, K%8 (swap-AB mma, 16-row CTA per SM, 8 warps split K); "
-                    f"defers to tinygemm when PDL is off and M<={DEFER_MAX_M} (H200: faster there)"),
+    KernelSpec(OP, KernelBackend.JIT, "slim_kernel.backends.jit:prepare_fused_a", prepare=True,
+               min_sm=(9, 0), check=_jit.fused_a_check, probe=_jit.probe,
+               note="our JIT kernels: M<=64, any N, K%8 (tma: tensor-map ring; skinny: cp.async ring)"),
     KernelSpec(OP, KernelBackend.FLASHINFER, "slim_kernel.backends.flashinfer:dsv3_fused_a_gemm",
                min_sm=(9, 0), check=_flashinfer_check, probe=flashinfer_probe,
-               note="tinygemm_bf16(mat_a, mat_b.T)"),
+               note="flashinfer tinygemm_bf16(mat_a, mat_b.T)"),
     KernelSpec(OP, KernelBackend.TORCH, "slim_kernel.backends.torch_ref:dsv3_fused_a_gemm",
                device_types=frozenset({"cpu", "cuda"}), note="fp32-accumulating reference, any shape"),
 )
+registry.register_op(OP, _shape_key)
 
 
 _op = Op(OP, "Tensor mat_a, Tensor mat_b")

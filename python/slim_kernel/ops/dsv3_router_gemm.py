@@ -6,11 +6,11 @@ import torch
 
 from .. import registry
 from ..backends import jit as _jit
+from ..names import ROUTER as OP
 from ..registry import KernelBackend, KernelSpec
 from . import _validate as v
 from ._dispatch import Op, flashinfer_probe
 
-OP = "dsv3_router_gemm"
 OUT_DTYPES = (torch.float32, torch.bfloat16)
 FLASHINFER_K = 7168
 FLASHINFER_EXPERTS = (256, 384)
@@ -35,47 +35,26 @@ def _flashinfer_check(output, hidden_states, router_weights) -> str | None:
     return None
 
 
-# Measured rule (H200, cold, CUDA-graph replay, run 7 = benchmark/results/h200/bench_gemm.json;
-# NOTES_kernels.md): with PDL (our default) the JIT kernel ties flashinfer-as-served (no PDL) at
-# M=1 (3.00 vs 2.96 us E=256, 3.43 vs 3.43 E=384) and is faster from M=2 on (3.57 vs 6.27 at
-# M=16). Without PDL flashinfer's kernel is faster up to M=10 (2.96 vs 4.62 us at M=1, 5.08 vs
-# 5.19 at M=10, E=256; 5.99 vs 6.04 at M=10, E=384) and ours from M=11 on. So the JIT spec
-# defers to flashinfer when PDL is off, M <= DEFER_MAX_M and flashinfer can serve the call.
-DEFER_MAX_M = 10
-_FLASHINFER_INSTALLED: list = []
+def _shape_key(output, hidden_states, router_weights):
+    """Where a call sits in the routing tables (routing.py)."""
+    m, k = hidden_states.shape
+    return {"e": router_weights.shape[0], "k": k, "out": str(output.dtype).removeprefix("torch.")}, m
 
 
-def _flashinfer_serves(output, hidden_states, router_weights) -> bool:
-    if _flashinfer_check(output, hidden_states, router_weights) is not None:
-        return False
-    if not _FLASHINFER_INSTALLED:
-        _FLASHINFER_INSTALLED.append(flashinfer_probe() is None)
-    dev = hidden_states.device.index if hidden_states.device.index is not None else torch.cuda.current_device()
-    return _FLASHINFER_INSTALLED[0] and (9, 0) <= registry._capability(dev) <= (10, 7)
-
-
-def _jit_defer(output, hidden_states, router_weights) -> str | None:
-    if _jit.PDL or hidden_states.shape[0] > DEFER_MAX_M:
-        return None
-    if _flashinfer_serves(output, hidden_states, router_weights):
-        return f"flashinfer measured faster without PDL at M <= {DEFER_MAX_M}"
-    return None
-
-
-# Priority: jit, flashinfer, torch (jit defers as above). Our kernel (kernels/dsv3_router_gemm.cuh)
-# covers M <= 16, any E, K % 8 == 0, row-strided activations, on SM >= 9.0; flashinfer covers
-# K=7168, E 256/384.
+# Priority order where nothing was measured: jit, flashinfer, torch. Our kernels
+# (jit/kernels/dsv3_router_gemm.cuh) cover M <= 64, any E, K % 8, row-strided activations, on
+# SM >= 9.0; flashinfer covers K=7168, E 256/384, M <= 16, SM 9.0-10.x.
 registry.register(
-    KernelSpec(OP, KernelBackend.JIT, "slim_kernel.backends.jit:dsv3_router_gemm",
-               min_sm=(9, 0), check=_jit.router_check, probe=_jit.probe, defer=_jit_defer,
-               note=f"first for M<=16, any E, K%8 (swap-AB mma, cluster split-K); defers to flashinfer "
-                    f"when PDL is off and M<={DEFER_MAX_M} (H200: faster there)"),
+    KernelSpec(OP, KernelBackend.JIT, "slim_kernel.backends.jit:prepare_router", prepare=True,
+               min_sm=(9, 0), check=_jit.router_check, probe=_jit.probe,
+               note="our JIT kernels: M<=64, any E, K%8 (narrow: a CTA per few experts; skinny: cluster split-K)"),
     KernelSpec(OP, KernelBackend.FLASHINFER, "slim_kernel.backends.flashinfer:dsv3_router_gemm",
                min_sm=(9, 0), max_sm=(10, 7), check=_flashinfer_check, probe=flashinfer_probe,
-               note="mm_M1_16_K7168_N256/N384 (+_bf16)"),
+               note="flashinfer mm_M1_16_K7168_N256/N384 (+_bf16)"),
     KernelSpec(OP, KernelBackend.TORCH, "slim_kernel.backends.torch_ref:dsv3_router_gemm",
                device_types=frozenset({"cpu", "cuda"}), note="fp32-accumulating reference, any shape"),
 )
+registry.register_op(OP, _shape_key)
 
 
 _op = Op(OP, "Tensor hidden_states, Tensor router_weights")

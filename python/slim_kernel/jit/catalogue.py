@@ -1,0 +1,269 @@
+"""The JIT kernel catalogue: kernel families, their tile configurations, instances and launch shape.
+
+Torch-free (the AOT baseline and precompile read it without torch). Both JIT ops are one skinny
+GEMM, ``out(M, N) = act(M, K) @ W(N, K)^T`` (the router: W = the (E, K) router weight, fp32 or
+bf16 out; fused-A: W = ``mat_b.T``, bf16 out), served by three kernel families whose sources live
+in ``kernels/`` (design notes there):
+
+  skinny  per-thread cp.async ring, swap-AB mma.sync, split-K over warps and a cluster (both ops)
+  narrow  a CTA per few rows over the whole K, CUDA-core FMAs, no cluster (router, M <= 8)
+  tma     tensor-map copies into an mbarrier ring, swap-AB mma.sync, 16 rows per CTA (fused-A)
+
+A family config is a frozen dataclass with ``instance(op, m, out_dtype)``, ``geometry(n, k,
+sm_count)`` and ``smem(m)`` (mirrors of the ``*_smem_bytes`` formulas in the ``.cuh`` files; the
+kernels trap when launched with less). Tile rules (``"8:kernel=narrow,rows=2;16:rt=1,stages=8"``)
+map M ranges to configs; the measured routing table (``slim_kernel/routing.py``) names a
+configuration from :data:`VARIANTS` per shape and M.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+from ..names import FUSED_A, ROUTER
+from .spec import KernelInstance
+
+MAX_M = 64  # the JIT window: skinny and tma take up to 8 token tiles of 8
+VEC = 8  # bf16 elements per 16-byte load: K and row strides must be multiples of this
+MAX_CLUSTER = 8  # portable cluster size: the most split=0 picks
+MAX_SPLIT = 16  # explicit split may use non-portable clusters (kMaxSplit in kernels/reduce.cuh)
+MAX_SMEM = 227 * 1024
+OUT_DTYPES = {ROUTER: ("float32", "bfloat16"), FUSED_A: ("bfloat16",)}
+SOURCES = {ROUTER: ("dsv3_router_gemm.cuh", "dsv3_router_gemm_kernel"),
+           FUSED_A: ("dsv3_fused_a_gemm.cuh", "dsv3_fused_a_gemm_kernel")}
+# Launch-argument signatures: act, w, out, M, N, K, ld_act, ld_w, ld_out / w map, act map, out, M, N, K, ld_out
+POINTER_SIGNATURE = "pppiiiiii"
+TMA_SIGNATURE = "ttpiiii"
+
+
+def token_tiles(m: int) -> int:
+    """8-token MMA tiles an M needs (1, 2, 4 or 8: one instance per bucket)."""
+    return 1 if m <= 8 else 2 if m <= 16 else 4 if m <= 32 else 8
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _check(ok: bool, cfg, what: str) -> None:
+    if not ok:
+        raise ValueError(f"bad JIT GEMM config {cfg}: {what}")
+
+
+@dataclass(frozen=True)
+class Skinny:
+    kernel = "skinny"
+    ops = (ROUTER, FUSED_A)
+    rt: int = 1  # 16-row weight tiles per CTA (compile-time)
+    stages: int = 8  # per-warp cp.async ring depth in 32-k blocks (compile-time)
+    warps: int = 4  # warps per CTA (launch-time)
+    split: int = 0  # CTAs per cluster splitting K; 0 = as many as fill the SMs (launch-time)
+
+    def __post_init__(self):
+        _check(1 <= self.rt <= 8 and 2 <= self.stages <= 16 and 1 <= self.warps <= 10
+               and 0 <= self.split <= MAX_SPLIT, self, f"need rt 1..8, stages 2..16, warps 1..10, split 0..{MAX_SPLIT}")
+
+    def max_m(self) -> int:
+        return MAX_M
+
+    def stages_for(self, m: int) -> int:
+        """``stages``, or fewer where the ring of M's token tiles would not fit in shared memory."""
+        per_stage = self.warps * (2 * self.rt + token_tiles(m)) * 512
+        return max(2, min(self.stages, MAX_SMEM // per_stage))
+
+    def instance(self, op: str, m: int, out_dtype: str) -> KernelInstance:
+        return _make(op, out_dtype, SK_FAMILY=0, SK_NT=token_tiles(m), SK_RT=self.rt, SK_STAGES=self.stages_for(m))
+
+    def geometry(self, n: int, k: int, sm_count: int) -> tuple[tuple, tuple, tuple | None]:
+        groups = _cdiv(n, 16 * self.rt)
+        split = self.split or min(MAX_CLUSTER, max(1, sm_count // groups))
+        split = max(1, min(split, _cdiv(k, 32) // self.warps or 1))
+        return (groups, split, 1), (32 * self.warps, 1, 1), ((1, split, 1) if split > 1 else None)
+
+    def smem(self, m: int) -> int:  # skinny_smem_bytes in kernels/skinny_gemm.cuh
+        nt = token_tiles(m)
+        return max(self.stages_for(m) * self.warps * (2 * self.rt + nt) * 512, _partials(self.rt, nt, self.warps))
+
+
+@dataclass(frozen=True)
+class Narrow:
+    kernel = "narrow"
+    ops = (ROUTER,)
+    rows: int = 2  # output rows per CTA (compile-time)
+    cpt: int = 2  # 16-byte chunks per thread per row and round (compile-time)
+    threads: int = 448  # block size (compile-time: K = 7168 is one round of 448 x 2 chunks)
+
+    def __post_init__(self):
+        _check(1 <= self.rows <= 8 and 1 <= self.cpt <= 4 and self.threads % 32 == 0 and 32 <= self.threads <= 1024,
+               self, "need rows 1..8, cpt 1..4, threads a multiple of 32 in 32..1024")
+
+    def max_m(self) -> int:
+        return 8
+
+    def instance(self, op: str, m: int, out_dtype: str) -> KernelInstance:
+        if m > 8:
+            raise ValueError(f"the narrow kernel serves M <= 8, got M={m}")
+        return _make(op, out_dtype, SK_FAMILY=1, SK_ROWS=self.rows, SK_MT=_mt(m), SK_CPT=self.cpt,
+                     SK_THREADS=self.threads)
+
+    def geometry(self, n: int, k: int, sm_count: int) -> tuple[tuple, tuple, tuple | None]:
+        return (_cdiv(n, self.rows), 1, 1), (self.threads, 1, 1), None
+
+    def smem(self, m: int) -> int:  # narrow_smem_bytes in kernels/narrow_gemm.cuh
+        return self.rows * _mt(m) * self.threads * 4
+
+
+@dataclass(frozen=True)
+class Tma:
+    kernel = "tma"
+    ops = (FUSED_A,)
+    kc: int = 512  # k per ring stage, a multiple of the 64-wide box (compile-time)
+    stages: int = 8  # ring depth (compile-time)
+    warps: int = 8  # consumer warps; one producer warp more (compile-time)
+
+    def __post_init__(self):
+        _check(64 <= self.kc <= 2048 and self.kc % 64 == 0 and 2 <= self.stages <= 16 and 1 <= self.warps <= 16,
+               self, "need kc 64..2048 in steps of 64, stages 2..16, warps 1..16")
+
+    def max_m(self) -> int:
+        return MAX_M
+
+    def stages_for(self, m: int) -> int:
+        """``stages``, or fewer where the ring of M's token tiles would not fit in shared memory."""
+        nt = token_tiles(m)
+        fixed = 1024 + _partials(1, nt, self.warps)
+        return max(2, min(self.stages, (MAX_SMEM - fixed) // ((self.kc // 64) * (16 + 8 * nt) * 128 + 16)))
+
+    def instance(self, op: str, m: int, out_dtype: str) -> KernelInstance:
+        return _make(op, out_dtype, signature=TMA_SIGNATURE, SK_FAMILY=2, SK_NT=token_tiles(m), SK_KC=self.kc,
+                     SK_STAGES=self.stages_for(m), SK_CW=self.warps)
+
+    def geometry(self, n: int, k: int, sm_count: int) -> tuple[tuple, tuple, tuple | None]:
+        return (_cdiv(n, 16), 1, 1), (32 * (self.warps + 1), 1, 1), None
+
+    def smem(self, m: int) -> int:  # tma_smem_bytes in kernels/tma_gemm.cuh
+        nt, stages = token_tiles(m), self.stages_for(m)
+        return 1024 + stages * (self.kc // 64) * (16 + 8 * nt) * 128 + stages * 16 + _partials(1, nt, self.warps)
+
+
+GemmConfig = Skinny | Narrow | Tma
+FAMILIES: dict[str, type] = {cls.kernel: cls for cls in (Skinny, Narrow, Tma)}
+
+
+def _partials(rt: int, nt: int, warps: int) -> int:  # partials_bytes in kernels/reduce.cuh
+    return (warps + 1) * rt * nt * 128 * 4
+
+
+def _mt(m: int) -> int:
+    return 1 if m <= 1 else 2 if m <= 2 else 4 if m <= 4 else 8
+
+
+def _make(op: str, out_dtype: str, signature: str = POINTER_SIGNATURE, **defines) -> KernelInstance:
+    if out_dtype not in OUT_DTYPES[op]:
+        raise ValueError(f"{op} has no {out_dtype} output (only {', '.join(OUT_DTYPES[op])})")
+    source, entry = SOURCES[op]
+    if op == ROUTER:
+        defines["SK_OUT_BF16"] = int(out_dtype == "bfloat16")
+    return KernelInstance.make(source, entry, signature, **defines)
+
+
+def parse_config(text: str) -> GemmConfig:
+    """``"kernel=narrow,rows=3"`` (``kernel`` defaults to skinny) -> a family config."""
+    items = {}
+    for item in filter(None, (f.strip() for f in text.split(","))):
+        key, eq, value = item.partition("=")
+        if not eq:
+            raise ValueError(f"bad JIT config item {item!r} in {text!r} (want key=value)")
+        items[key.strip()] = value.strip()
+    family = FAMILIES.get(items.pop("kernel", "skinny"))
+    if family is None:
+        raise ValueError(f"bad JIT config {text!r}: kernel must be one of {', '.join(FAMILIES)}")
+    names = [f.name for f in fields(family)]
+    for key, value in items.items():
+        if key not in names:
+            raise ValueError(f"bad JIT config item {key!r} in {text!r} (keys of kernel={family.kernel}: "
+                             f"{', '.join(names)})")
+        if not value.lstrip("-").isdigit():
+            raise ValueError(f"bad JIT config item {key}={value!r} in {text!r} (want an integer)")
+    return family(**{k: int(v) for k, v in items.items()})
+
+
+Rules = tuple[tuple[int, GemmConfig], ...]
+
+
+def parse_rules(text: str, op: str) -> Rules:
+    """``"8:kernel=narrow;64:rt=1,stages=8"`` -> ((max_m, config), ...), sorted, covering M up to MAX_M."""
+    rules = []
+    for part in filter(None, (p.strip() for p in text.split(";"))):
+        max_m, sep, body = part.partition(":")
+        if not sep:
+            max_m, body = str(MAX_M), part
+        if not max_m.strip().isdigit():
+            raise ValueError(f"bad JIT rule {part!r} in {text!r}: want MAXM:config")
+        cfg = parse_config(body)
+        if op not in cfg.ops:
+            raise ValueError(f"JIT config {body!r}: kernel={cfg.kernel} does not serve {op}")
+        rules.append((int(max_m), cfg))
+    rules.sort(key=lambda r: r[0])
+    if not rules or rules[-1][0] < MAX_M:
+        raise ValueError(f"JIT rules {text!r} must cover M up to {MAX_M}")
+    lo = 1
+    for max_m, cfg in rules:
+        if max_m >= lo and max_m > cfg.max_m():
+            raise ValueError(f"JIT rules {text!r}: kernel={cfg.kernel} serves M <= {cfg.max_m()}, not M={lo}..{max_m}")
+        lo = max(lo, max_m + 1)
+    return tuple(rules)
+
+
+def rule_for(rules: Rules, m: int) -> GemmConfig:
+    return next(cfg for max_m, cfg in rules if m <= max_m)
+
+
+# The configurations the H200 benchmark measures and the routing table may name. "skinny" (the
+# router's and fused-A's first default) serves every M of both ops; the others are the designs
+# compared in benchmark/results/h200/NOTES_kernels.md.
+VARIANTS: dict[str, dict[str, GemmConfig]] = {
+    ROUTER: {
+        "skinny": Skinny(rt=1, stages=8, warps=4, split=0),
+        "skinny_c4": Skinny(rt=1, stages=8, warps=4, split=4),
+        "narrow_r1": Narrow(rows=1, cpt=2, threads=448),
+        "narrow_r2": Narrow(rows=2, cpt=2, threads=448),
+        "narrow_r3": Narrow(rows=3, cpt=2, threads=448),
+        "narrow_r2t224": Narrow(rows=2, cpt=4, threads=224),
+    },
+    FUSED_A: {
+        "skinny": Skinny(rt=1, stages=8, warps=8, split=1),
+        "skinny_s16": Skinny(rt=1, stages=16, warps=8, split=1),
+        "tma_kc512_s8": Tma(kc=512, stages=8, warps=8),
+        "tma_kc256_s12": Tma(kc=256, stages=12, warps=8),
+        "tma_kc512_s6w4": Tma(kc=512, stages=6, warps=4),
+    },
+}
+FALLBACK_VARIANT = "skinny"  # serves every M of both ops: the choice where nothing was measured
+
+
+def variant_serves(cfg: GemmConfig, op: str, m: int) -> bool:
+    """Whether ``cfg`` can launch for ``op`` at ``m`` within the device's shared memory."""
+    return op in cfg.ops and m <= cfg.max_m() and cfg.smem(m) <= MAX_SMEM
+
+
+def instances(op: str, cfg: GemmConfig, max_m: int = MAX_M, lo: int = 1) -> list[KernelInstance]:
+    """The instances ``cfg`` compiles to for M in lo..max_m (one per token bucket and out dtype)."""
+    seen: list[KernelInstance] = []
+    for m in range(lo, min(max_m, cfg.max_m()) + 1):
+        if cfg.smem(m) > MAX_SMEM:
+            continue
+        for dt in OUT_DTYPES[op]:
+            inst = cfg.instance(op, m, dt)
+            if inst not in seen:
+                seen.append(inst)
+    return seen
+
+
+def all_instances(ops: tuple[str, ...] = (ROUTER, FUSED_A)) -> list[tuple[str, KernelInstance]]:
+    """``(op, instance)`` for every instance of every variant: what precompile and the AOT baseline build."""
+    out: list[tuple[str, KernelInstance]] = []
+    for op in ops:
+        for cfg in VARIANTS[op].values():
+            out += [(op, inst) for inst in instances(op, cfg) if (op, inst) not in out]
+    return out

@@ -1,0 +1,116 @@
+// narrow_gemm: out(M, N) = act(M, K) @ W(N, K)^T for few tokens (M <= MT <= 8), fp32 accumulation.
+//
+// A CTA owns ROWS (1..8) output rows over the whole K, so no CTA waits for another: no cluster,
+// no cross-CTA reduction, one short chain from launch to store (the router at M <= ~4, where
+// skinny_gemm's cluster split-K costs more than it saves).
+//  * Thread tid owns the 16-byte chunks c = tid + j*THREADS (j < CPT) of every row: all of the
+//    CTA's weight bytes are requested at entry, before griddepcontrol.wait (PDL), one round of
+//    THREADS*CPT chunks at a time (one round covers K <= 8*CPT*THREADS).
+//  * Tokens are read after the wait, fp32 FMAs on CUDA cores (ROWS*M*K per CTA: tiny for M <= 8).
+//  * Reduction in a fixed order: every thread's ROWS*M partials go to shared memory (value-major,
+//    conflict-free), then warp w sums outputs w, w+WARPS, ...: each lane adds WARPS partials,
+//    then a butterfly over the lanes. Repeated runs are bit-identical.
+//
+// Launch contract (slim_kernel/jit/catalogue.py, family "narrow"):
+//   grid (ceil(N / ROWS)), block THREADS, dynamic smem = narrow_smem_bytes(ROWS, MT, THREADS).
+//   Requirements: K % 8 == 0, lda % 8 == 0, ldw % 8 == 0, act/w 16-byte aligned, M <= MT.
+#pragma once
+#include "ptx.cuh"
+
+namespace slim {
+
+__host__ __device__ constexpr int narrow_smem_bytes(int rows, int mt, int threads) { return rows * mt * threads * 4; }
+
+__device__ __forceinline__ void bf16x8_to_f32(const unsigned (&v)[4], float (&f)[8]) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        f[2 * i] = __uint_as_float(v[i] << 16);
+        f[2 * i + 1] = __uint_as_float(v[i] & 0xffff0000u);
+    }
+}
+
+template <int ROWS, int MT, int CPT, int THREADS, bool OUT_BF16>
+__device__ __forceinline__ void narrow_gemm(const __nv_bfloat16* __restrict__ act, const __nv_bfloat16* __restrict__ w,
+                                            void* __restrict__ out, int M, int N, int K, int lda, int ldw, int ldo) {
+    static_assert(ROWS >= 1 && ROWS <= 8 && MT >= 1 && MT <= 8 && CPT >= 1 && THREADS % 32 == 0, "bad narrow config");
+    constexpr int WARPS = THREADS / 32;
+    extern __shared__ __align__(16) float red[];  // [ROWS * MT][THREADS]
+
+    pdl_launch_dependents();
+    require_smem((unsigned)narrow_smem_bytes(ROWS, MT, THREADS));
+
+    const int tid = threadIdx.x;
+    const int row0 = blockIdx.x * ROWS;
+    const int nchunk = K >> 3;
+    const int m_used = M < MT ? M : MT;
+
+    float acc[ROWS][MT];
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r)
+#pragma unroll
+        for (int m = 0; m < MT; ++m) acc[r][m] = 0.f;
+
+    for (int c0 = 0; c0 < nchunk; c0 += THREADS * CPT) {
+        unsigned wv[ROWS][CPT][4];
+#pragma unroll
+        for (int r = 0; r < ROWS; ++r)
+#pragma unroll
+            for (int j = 0; j < CPT; ++j) {
+                const int c = c0 + j * THREADS + tid;
+                if (c < nchunk && row0 + r < N) {
+                    ldg_nc128(w + (long long)(row0 + r) * ldw + 8 * c, wv[r][j]);
+                } else {
+                    wv[r][j][0] = wv[r][j][1] = wv[r][j][2] = wv[r][j][3] = 0u;
+                }
+            }
+        if (c0 == 0) pdl_wait();  // weights are parameters; the activation is the previous grid's output
+#pragma unroll
+        for (int m = 0; m < MT; ++m) {
+            if (m >= m_used) break;
+            unsigned xv[CPT][4];
+#pragma unroll
+            for (int j = 0; j < CPT; ++j) {
+                const int c = c0 + j * THREADS + tid;
+                if (c < nchunk) {
+                    ldg_nc128(act + (long long)m * lda + 8 * c, xv[j]);
+                } else {
+                    xv[j][0] = xv[j][1] = xv[j][2] = xv[j][3] = 0u;
+                }
+            }
+#pragma unroll
+            for (int j = 0; j < CPT; ++j) {
+                float xf[8];
+                bf16x8_to_f32(xv[j], xf);
+#pragma unroll
+                for (int r = 0; r < ROWS; ++r) {
+                    float wf[8];
+                    bf16x8_to_f32(wv[r][j], wf);
+#pragma unroll
+                    for (int e = 0; e < 8; ++e) acc[r][m] = fmaf(wf[e], xf[e], acc[r][m]);
+                }
+            }
+        }
+    }
+
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r)
+#pragma unroll
+        for (int m = 0; m < MT; ++m)
+            if (m < m_used) red[(r * MT + m) * THREADS + tid] = acc[r][m];
+    __syncthreads();
+
+    const int lane = tid & 31;
+    const int outs = ROWS * m_used;
+    for (int v = tid >> 5; v < outs; v += WARPS) {
+        const int r = v / m_used, m = v - r * m_used;
+        const float* col = red + (r * MT + m) * THREADS;
+        float s = 0.f;
+#pragma unroll
+        for (int i = 0; i < WARPS; ++i) s += col[i * 32 + lane];
+#pragma unroll
+        for (int d = 16; d >= 1; d >>= 1) s += __shfl_xor_sync(0xffffffffu, s, d);
+        if (lane == 0 && row0 + r < N) store_out<OUT_BF16>(out, (long long)m * ldo + row0 + r, s);
+    }
+}
+
+}  // namespace slim

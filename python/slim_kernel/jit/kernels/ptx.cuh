@@ -1,0 +1,145 @@
+// PTX wrappers shared by the GEMM bodies (skinny_gemm.cuh, narrow_gemm.cuh, tma_gemm.cuh).
+// Device code only, no host code and no std headers: NVRTC, nvcc -cubin and the AOT baseline
+// all compile it. Everything here needs SM >= 9.0 (griddepcontrol, clusters, TMA).
+#pragma once
+#include <cuda_bf16.h>
+
+namespace slim {
+
+__device__ __forceinline__ unsigned smem_addr(const void* p) {
+    unsigned long long a;
+    asm("cvta.to.shared.u64 %0, %1;" : "=l"(a) : "l"(p));
+    return static_cast<unsigned>(a);
+}
+
+// The dynamic shared memory this launch got: a host formula that disagrees with the kernel's
+// layout must fail loudly (trap), never read or write past the allocation.
+__device__ __forceinline__ unsigned dynamic_smem_size() {
+    unsigned r;
+    asm volatile("mov.u32 %0, %%dynamic_smem_size;\n" : "=r"(r));
+    return r;
+}
+__device__ __forceinline__ void require_smem(unsigned bytes) {
+    if (dynamic_smem_size() < bytes) asm volatile("trap;");
+}
+
+// 16-byte async copy global -> shared; src_bytes = 0 writes zeros and reads nothing.
+__device__ __forceinline__ void cp_async16(unsigned dst, const void* src, int src_bytes) {
+    asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;\n"
+                 :: "r"(dst), "l"(src), "r"(src_bytes) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" :: "n"(N) : "memory"); }
+
+__device__ __forceinline__ void lds128(unsigned addr, unsigned (&v)[4]) {
+    asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(v[0]), "=r"(v[1]), "=r"(v[2]), "=r"(v[3]) : "r"(addr));
+}
+// 16-byte global load that bypasses L1 (read-only data: weights and activations).
+__device__ __forceinline__ void ldg_nc128(const void* p, unsigned (&v)[4]) {
+    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(v[0]), "=r"(v[1]), "=r"(v[2]), "=r"(v[3]) : "l"(p));
+}
+
+// D += A(16x16, row) * B(16x8, col), bf16 inputs, fp32 accumulators.
+__device__ __forceinline__ void mma_bf16_16816(float (&d)[4], unsigned a0, unsigned a1, unsigned a2,
+                                               unsigned a3, unsigned b0, unsigned b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+                 "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// Programmatic dependent launch: wait for the previous grid on the stream (a no-op when this
+// launch was not made with PDL), and let the next grid start its prologue.
+__device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
+__device__ __forceinline__ void pdl_launch_dependents() { asm volatile("griddepcontrol.launch_dependents;\n" :::); }
+
+__device__ __forceinline__ unsigned cluster_rank() {
+    unsigned r;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+    return r;
+}
+__device__ __forceinline__ unsigned cluster_size() {
+    unsigned r;
+    asm volatile("mov.u32 %0, %%cluster_nctarank;\n" : "=r"(r));
+    return r;
+}
+// Release/acquire cluster barrier: makes this CTA's shared-memory writes visible to the cluster.
+__device__ __forceinline__ void cluster_sync() {
+    asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+}
+// Execution-only cluster barrier (no memory ordering): used to keep shared memory alive.
+__device__ __forceinline__ void cluster_sync_relaxed() {
+    asm volatile("barrier.cluster.arrive.relaxed.aligned;\nbarrier.cluster.wait.aligned;\n" ::: "memory");
+}
+// Read a float from a shared::cluster address (from mapa).
+__device__ __forceinline__ float ld_dsmem_f32(unsigned cluster_addr) {
+    float v;
+    asm volatile("ld.shared::cluster.f32 %0, [%1];\n" : "=f"(v) : "r"(cluster_addr) : "memory");
+    return v;
+}
+__device__ __forceinline__ unsigned mapa(unsigned local_addr, unsigned rank) {
+    unsigned remote;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(local_addr), "r"(rank));
+    return remote;
+}
+
+// ---- mbarriers and the tensor-memory-access (TMA) copy engine (tma_gemm.cuh) ----
+
+// A CUtensorMap passed by value as a `const __grid_constant__` kernel parameter (NVRTC has no
+// cuda.h); the host encodes it (slim_kernel.jit.tensor_map).
+struct __align__(64) TmaDesc {
+    unsigned long long v[16];
+};
+
+__device__ __forceinline__ void mbar_init(unsigned mbar, unsigned count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(mbar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_init_fence() {
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
+__device__ __forceinline__ void mbar_arrive_expect_tx(unsigned mbar, unsigned bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" :: "r"(mbar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(unsigned mbar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(mbar) : "memory");
+}
+// Spins a waiting thread may do before it traps: every wait here is for this CTA's own copies or
+// warps (the previous grid is already complete), so ~1 s of spinning means a lost arrival (a bug).
+constexpr unsigned kMaxSpins = 1u << 26;
+__device__ __forceinline__ void mbar_wait(unsigned mbar, unsigned parity) {
+    for (unsigned spins = 0;; ++spins) {
+        unsigned done;
+        asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+                     "selp.u32 %0, 1, 0, p;\n}\n" : "=r"(done) : "r"(mbar), "r"(parity) : "memory");
+        if (done) return;
+        if (spins > kMaxSpins) asm volatile("trap;");
+    }
+}
+// 2-D tensor copy global -> shared, completing `bytes` of transactions on mbar.
+__device__ __forceinline__ void tma_load_2d(unsigned dst, const TmaDesc* map, int x, int y, unsigned mbar) {
+    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n"
+                 :: "r"(dst), "l"(reinterpret_cast<unsigned long long>(map)), "r"(x), "r"(y), "r"(mbar) : "memory");
+}
+__device__ __forceinline__ void tma_prefetch_desc(const TmaDesc* map) {
+    asm volatile("prefetch.tensormap [%0];\n" :: "l"(reinterpret_cast<unsigned long long>(map)) : "memory");
+}
+// One lane of the (converged) warp gets true.
+__device__ __forceinline__ bool elect_one() {
+    unsigned p;
+    asm volatile("{\n.reg .pred P;\n.reg .b32 r;\nelect.sync r|P, 0xffffffff;\nselp.u32 %0, 1, 0, P;\n}\n" : "=r"(p));
+    return p != 0;
+}
+
+template <bool OUT_BF16>
+__device__ __forceinline__ void store_out(void* out, long long idx, float v) {
+    if constexpr (OUT_BF16) {
+        static_cast<__nv_bfloat16*>(out)[idx] = __float2bfloat16_rn(v);
+    } else {
+        static_cast<float*>(out)[idx] = v;
+    }
+}
+
+}  // namespace slim

@@ -1,0 +1,76 @@
+"""Run-time knobs and the one generation counter that invalidates every cached call plan.
+
+Torch-free. A knob change (PDL, JIT tile rules, a reloaded routing table) calls :func:`bump`;
+the ops' per-signature plans and the JIT backend's launch plans carry the generation they were
+made in and are rebuilt on the next call after a bump. ``SLIM_KERNEL_BACKEND_<OP>`` pins are
+part of the plan key (read per call), so they need no bump.
+"""
+
+from __future__ import annotations
+
+import os
+
+ENV_PDL = "SLIM_KERNEL_PDL"
+_FALSE = ("0", "false", "off", "no")
+_TRUE = ("1", "true", "on", "yes")
+
+
+def parse_bool(name: str, value: str | None, default: bool) -> bool:
+    """An on/off environment value; anything else is a ValueError naming the variable."""
+    if value is None or not value.strip():
+        return default
+    v = value.strip().lower()
+    if v in _TRUE:
+        return True
+    if v in _FALSE:
+        return False
+    raise ValueError(f"{name} must be one of {'/'.join(_TRUE)} or {'/'.join(_FALSE)}, got {value!r}")
+
+
+class _State:
+    __slots__ = ("generation", "pdl", "error")
+
+    def __init__(self):
+        self.generation = 0
+        self.pdl = True
+        self.error: str | None = None  # a malformed knob in the environment
+
+
+STATE = _State()
+
+
+def load_env() -> None:
+    """(Re)read the knobs from the environment; a malformed value is kept for :func:`check_env`."""
+    try:
+        STATE.pdl, STATE.error = parse_bool(ENV_PDL, os.environ.get(ENV_PDL), True), None
+    except ValueError as exc:
+        STATE.pdl, STATE.error = True, str(exc)
+    bump()
+
+
+def check_env() -> None:
+    """Raise the ValueError of a malformed knob (ops call this when they plan a call signature)."""
+    if STATE.error is not None:
+        raise ValueError(STATE.error)
+
+
+def bump() -> None:
+    STATE.generation += 1
+
+
+def pdl() -> bool:
+    """Programmatic dependent launch for our JIT kernels and flashinfer's (default on).
+
+    With PDL a GEMM starts streaming its weights while the previous kernel on the stream is
+    finishing, and reads its activation only after that kernel completes. The weights must
+    therefore not be written by the immediately preceding kernel (true for model parameters).
+    """
+    return STATE.pdl
+
+
+def set_pdl(enabled: bool) -> None:
+    STATE.pdl = bool(enabled)
+    bump()
+
+
+load_env()

@@ -1,0 +1,139 @@
+"""The kernel catalogue (CPU): configs, rules, instances, launch geometry, and the shared-memory
+formulas pinned to the C++ ones (a host program compiled by nvcc prints the .cuh constexprs)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+
+from slim_kernel.backends import jit as jb
+from slim_kernel.jit import catalogue as cat
+from slim_kernel.names import FUSED_A, ROUTER
+
+KERNELS = Path(cat.__file__).resolve().parent / "kernels"
+
+
+def test_every_variant_serves_its_ops_up_to_its_window():
+    for op, variants in cat.VARIANTS.items():
+        assert cat.FALLBACK_VARIANT in variants
+        fallback = variants[cat.FALLBACK_VARIANT]
+        assert fallback.max_m() == cat.MAX_M, "the fallback must serve the whole JIT window"
+        for name, cfg in variants.items():
+            for m in range(1, cfg.max_m() + 1):
+                assert cat.variant_serves(cfg, op, m), (op, name, m)
+                grid, block, cluster = cfg.geometry(2112, 7168, 132)
+                assert block[0] % 32 == 0 and block[0] <= 1024
+                if cluster:
+                    assert grid[1] == cluster[1] <= cat.MAX_SPLIT
+
+
+def test_instances_are_unique_and_bucketed():
+    pairs = cat.all_instances()
+    assert len(pairs) == len(set(pairs))
+    nts = {dict(i.defines).get("SK_NT") for op, i in pairs if dict(i.defines)["SK_FAMILY"] != 1}
+    assert nts == {1, 2, 4, 8}
+    mts = {dict(i.defines)["SK_MT"] for op, i in pairs if dict(i.defines)["SK_FAMILY"] == 1}
+    assert mts == {1, 2, 4, 8}
+    assert {op for op, _ in pairs} == {ROUTER, FUSED_A}
+    tma = [i for op, i in pairs if dict(i.defines)["SK_FAMILY"] == 2]
+    assert tma and all(i.signature == cat.TMA_SIGNATURE and op == FUSED_A for op, i in
+                       ((o, i) for o, i in pairs if i in tma))
+
+
+def test_geometry():
+    assert cat.Skinny(rt=4, warps=4).geometry(2112, 7168, 132)[0] == (33, 4, 1)
+    assert cat.Skinny(rt=1, warps=4).geometry(256, 7168, 132) == ((16, 8, 1), (128, 1, 1), (1, 8, 1))
+    assert cat.Narrow(rows=3).geometry(384, 7168, 132) == ((128, 1, 1), (448, 1, 1), None)
+    assert cat.Tma(warps=8).geometry(2112, 7168, 132) == ((132, 1, 1), (288, 1, 1), None)
+    assert cat.Skinny(stages=16, warps=8).stages_for(9) < 16 <= cat.Skinny(stages=16, warps=8).stages_for(1) + 1
+
+
+def test_rules_parse_and_reject():
+    rules = cat.parse_rules("8:kernel=narrow,rows=3;64:rt=1,stages=8", ROUTER)
+    assert rules[0] == (8, cat.Narrow(rows=3)) and rules[1] == (64, cat.Skinny(rt=1, stages=8))
+    assert cat.rule_for(rules, 9) == cat.Skinny(rt=1, stages=8)
+    for bad, match in [("rt=0", "rt 1..8"), ("8:rt=1", "cover M up to"), ("foo=1", "keys of kernel=skinny"),
+                       ("kernel=tma", "does not serve"), ("kernel=narrow", "serves M <= 8"),
+                       ("kernel=bogus", "kernel must be one of"), ("rt=x", "want an integer"), ("x:rt=1", "MAXM")]:
+        with pytest.raises(ValueError, match=match):
+            cat.parse_rules(bad, ROUTER)
+
+
+def test_env_rules_are_checked_when_a_call_is_planned(monkeypatch):
+    monkeypatch.setenv(jb.env_var(ROUTER), "kernel=narrow")
+    jb._RULES.pop(ROUTER, None)
+    with pytest.raises(ValueError, match="SLIM_KERNEL_JIT_CONFIG_DSV3_ROUTER_GEMM"):
+        jb.rules(ROUTER)
+    monkeypatch.setenv(jb.env_var(ROUTER), "8:kernel=narrow,rows=1;64:rt=2")
+    jb._RULES.pop(ROUTER, None)
+    assert jb.config_for(ROUTER, 3, "skinny") == ("rules", cat.Narrow(rows=1))
+    jb._RULES.pop(ROUTER, None)
+    monkeypatch.delenv(jb.env_var(ROUTER))
+    assert jb.config_for(ROUTER, 3, "narrow_r2") == ("narrow_r2", cat.VARIANTS[ROUTER]["narrow_r2"])
+    assert jb.config_for(ROUTER, 12, "narrow_r2")[0] == cat.FALLBACK_VARIANT  # narrow cannot serve M=12
+    assert jb.config_for(ROUTER, 3, "gone")[0] == cat.FALLBACK_VARIANT
+
+
+def _nvcc() -> str | None:
+    return os.environ.get("NVCC") or shutil.which("nvcc") or (
+        "/usr/local/cuda/bin/nvcc" if Path("/usr/local/cuda/bin/nvcc").exists() else None)
+
+
+@pytest.mark.skipif(_nvcc() is None, reason="nvcc not found")
+def test_smem_formulas_match_the_kernels(tmp_path):
+    # The host mirrors in catalogue.py must equal the .cuh constexprs the kernels check at entry.
+    cases = []
+    for op, variants in cat.VARIANTS.items():
+        for cfg in variants.values():
+            for m in (1, 2, 5, 9, 17, 40):
+                if m > cfg.max_m():
+                    continue
+                d = dict(cfg.instance(op, m, cat.OUT_DTYPES[op][0]).defines)
+                if isinstance(cfg, cat.Skinny):
+                    expr = f"slim::skinny_smem_bytes({d['SK_RT']}, {d['SK_NT']}, {d['SK_STAGES']}, {cfg.warps})"
+                elif isinstance(cfg, cat.Narrow):
+                    expr = f"slim::narrow_smem_bytes({d['SK_ROWS']}, {d['SK_MT']}, {d['SK_THREADS']})"
+                else:
+                    expr = f"slim::tma_smem_bytes({d['SK_NT']}, {d['SK_KC']}, {d['SK_STAGES']}, {d['SK_CW']})"
+                cases.append((expr, cfg.smem(m)))
+    src = tmp_path / "formulas.cu"
+    body = "\n".join(f'    printf("%d\\n", {expr});' for expr, _ in cases)
+    src.write_text('#include <cstdio>\n#include "skinny_gemm.cuh"\n#include "narrow_gemm.cuh"\n'
+                   f'#include "tma_gemm.cuh"\nint main() {{\n{body}\n    return 0;\n}}\n')
+    exe = tmp_path / "formulas"
+    proc = subprocess.run([_nvcc(), "-std=c++17", "-I", str(KERNELS), str(src), "-o", str(exe)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    printed = [int(x) for x in subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout.split()]
+    assert printed == [want for _, want in cases]
+
+
+def test_fast_eligibility_check_agrees_with_the_detailed_one():
+    # The hot-path check must accept exactly what the detailed (reason-giving) check accepts.
+    big = torch.randn(70, 7300).to(torch.bfloat16)
+    seen = 0
+    for m in (1, 3, 16, 64, 65):
+        for k in (8, 7000, 7004, 7168):
+            for offset in (0, 1, 8):
+                for row_stride in (7168, 7176, 7300):
+                    if offset + (m - 1) * row_stride + k > big.numel():
+                        continue
+                    act = big.as_strided((m, k), (row_stride, 1), offset)
+                    w = torch.randn(256, k).to(torch.bfloat16)
+                    out = torch.empty(m, 256)
+                    wt = torch.randn(256, k).to(torch.bfloat16).t()
+                    outb = torch.empty(m, 256, dtype=torch.bfloat16)
+                    detailed_r = jb._common_reason(out, act, 256) or jb._operand_reason(
+                        "w", w, 256, k, w.stride(0), w.stride(1))
+                    detailed_f = jb._common_reason(outb, act, 256) or jb._operand_reason(
+                        "w", wt, 256, k, wt.stride(1), wt.stride(0))
+                    assert (jb.router_check(out, act, w) is None) == (detailed_r is None), (m, k, offset, row_stride)
+                    assert (jb.fused_a_check(outb, act, wt) is None) == (detailed_f is None)
+                    seen += detailed_r is None
+    assert seen > 10
+    assert "outside" in jb.router_check(torch.empty(65, 256), big[:65, :7168], torch.randn(256, 7168).bfloat16())
