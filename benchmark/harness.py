@@ -1,10 +1,17 @@
 """One timing harness for every slim-kernel op benchmark (GPU machine only).
 
-Method (the decoding case): each measurement captures CALLS back-to-back calls of one
-implementation in a CUDA graph, the weights rotating over enough copies that the bytes
-touched between two uses of a copy exceed the L2 (cold), or one weight buffer (hot); the
-graph is replayed REPS times, each replay timed with CUDA events, and the per-call time is
-the median replay time / CALLS. Every table also carries, measured in the same run:
+Two patterns, both CUDA graphs of CALLS calls with the weights rotating over enough copies that
+the bytes touched between two uses of a copy exceed the L2 (cold), or one weight buffer (hot):
+
+* decode step (the headline, :func:`time_decode_step`): each GEMM follows, on the same stream
+  inside the graph, the kernel that writes its activation (the producer); per call =
+  (median replay of producer+GEMM pairs - median replay of the producers alone) / CALLS, the two
+  graphs replayed alternately so drift hits both;
+* back to back (:func:`time_graph`): CALLS calls of one GEMM; with PDL each call's prologue
+  overlaps the previous call of the same kernel, which no model does (secondary).
+
+Each replay is timed with CUDA events; REPS replays, the median is reported. Every table also
+carries, measured in the same run:
   * the HBM floor: bytes an op must read / the read bandwidth of a large torch sum;
   * the graph launch floor: the same graph of a one-element kernel (per-node launch cost).
 """
@@ -41,13 +48,11 @@ def rotating(tensor: torch.Tensor, copies: int) -> list[torch.Tensor]:
     return [tensor] + [tensor.clone() for _ in range(copies - 1)]
 
 
-def time_graph(calls: list[Callable[[], None]], *, reps: int = REPS) -> float:
-    """Median microseconds per call of ``calls`` (run in order, cycled to CALLS) replayed in a graph."""
-    seq = [calls[i % len(calls)] for i in range(max(CALLS, len(calls)))]
+def _capture(seq: list[Callable[[], None]]) -> torch.cuda.CUDAGraph:
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
-        for fn in calls:  # eager warm-up: compiles, plans, flashinfer/cuBLAS heuristics
+        for fn in dict.fromkeys(seq):  # eager warm-up: compiles, plans, flashinfer/cuBLAS heuristics
             fn()
     torch.cuda.current_stream().wait_stream(stream)
     torch.cuda.synchronize()
@@ -57,16 +62,39 @@ def time_graph(calls: list[Callable[[], None]], *, reps: int = REPS) -> float:
             fn()
     for _ in range(WARMUP):
         graph.replay()
-    start = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
-    end = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
-    for i in range(reps):
-        start[i].record()
-        graph.replay()
-        end[i].record()
+    return graph
+
+
+def _replay_ms(graphs: list[torch.cuda.CUDAGraph], reps: int) -> list[list[float]]:
+    """Replay the graphs alternately, ``reps`` rounds; milliseconds per replay of each graph."""
+    events = [[(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in graphs]
+              for _ in range(reps)]
+    for rnd in events:
+        for graph, (start, end) in zip(graphs, rnd):
+            start.record()
+            graph.replay()
+            end.record()
     torch.cuda.synchronize()
-    per_call = [s.elapsed_time(e) * 1e3 / len(seq) for s, e in zip(start, end)]
+    return [[rnd[i][0].elapsed_time(rnd[i][1]) for rnd in events] for i in range(len(graphs))]
+
+
+def time_graph(calls: list[Callable[[], None]], *, reps: int = REPS) -> float:
+    """Median microseconds per call of ``calls`` (run in order, cycled to CALLS) replayed in a graph."""
+    seq = [calls[i % len(calls)] for i in range(max(CALLS, len(calls)))]
+    graph = _capture(seq)
+    (ms,) = _replay_ms([graph], reps)
     del graph
-    return statistics.median(per_call)
+    return statistics.median(ms) * 1e3 / len(seq)
+
+
+def time_decode_step(producer: Callable[[], None], calls: list[Callable[[], None]], *, reps: int = REPS) -> float:
+    """Median microseconds per GEMM call net of its producer: ``producer(); calls[i]()`` pairs vs producers alone."""
+    n = max(CALLS, len(calls))
+    pairs = _capture([fn for i in range(n) for fn in (producer, calls[i % len(calls)])])
+    alone = _capture([producer] * n)
+    with_gemm, without = _replay_ms([pairs, alone], reps)
+    del pairs, alone
+    return (statistics.median(with_gemm) - statistics.median(without)) * 1e3 / n
 
 
 def hbm_read_bandwidth(nbytes: int = 2 << 30, reps: int = 10) -> float:
@@ -99,6 +127,9 @@ class Row:
     shape: dict
     cache: str  # "cold" | "hot"
     us: dict[str, float] = field(default_factory=dict)  # implementation -> median us per call
+    pattern: str = "b2b"  # "decode" (after a producer kernel) | "b2b" (back to back)
+    producer: str | None = None  # decode: "plain" (PDL-unaware) | "pdl" (flashinfer rmsnorm, PDL)
+    choice: dict[str, str] = field(default_factory=dict)  # "default" -> the backend[:variant] it ran
     bytes_read: int = 0
     hbm_floor_us: float = 0.0
     launch_floor_us: float = 0.0
@@ -115,6 +146,7 @@ class Report:
     notes: list[str] = field(default_factory=list)
     checks: dict[str, float] = field(default_factory=dict)  # "what" -> relative error vs float64
     seconds: float = 0.0
+    versions: dict[str, str] = field(default_factory=dict)  # flashinfer, sglang anchors, slim-kernel
 
     def add(self, row: Row) -> Row:
         row.hbm_floor_us = row.bytes_read / (self.hbm_read_GBps * 1e9) * 1e6

@@ -7,8 +7,8 @@ import pytest
 from jit_fixtures import instances as fx
 
 from slim_kernel.jit import cache, compiler
-from slim_kernel.jit.catalogue import all_instances
 from slim_kernel.jit.arch import arch_for_capability, normalize_arch, sm_version
+from slim_kernel.jit.catalogue import all_instances
 from slim_kernel.jit.resources import check_limits, cubin_sm, parse_ptxas_log
 from slim_kernel.jit.sources import declared_limits, shipped_sources, source_closure, source_path
 from slim_kernel.jit.spec import KernelInstance

@@ -115,7 +115,8 @@ def test_routing_table_ranks_eligible_backends(fake_op, monkeypatch):
         o, {"k": args[1].shape[1]}, args[1].shape[0], "0.7.4", True))
     sel = registry.select(op, CPU, (None, torch.empty(2, 4)))
     assert sel.spec.backend is KernelBackend.TORCH and "torch 3.00 us" in sel.why
-    assert _pick(op, 3) == "jit"  # M=3 is not measured: priority order
+    assert _pick(op, 3) == "torch"  # M=3: the nearest measured M (2) decides
+    assert _pick(op, 11) == "jit"  # nothing measured within 8 of M=11: priority order
     assert _pick(op, 2, "jit") == "jit"  # a pin beats the table
 
 
@@ -131,7 +132,8 @@ def test_routing_table_nearest_version_and_shape():
     assert old.point.flashinfer == "0.7.2.post1" and "0.7.2.post1 measurements" in old.match
     near = tab.lookup("o", {"n": 2000, "k": 7168}, 1, None, True)
     assert near.point.flashinfer == "0.7.4" and "nearest measured shape" in near.match
-    assert tab.lookup("o", {"n": 2112, "k": 7168}, 2, "0.7.4", True) is None
+    assert tab.lookup("o", {"n": 2112, "k": 7168}, 5, "0.7.4", True).point.m == 1
+    assert tab.lookup("o", {"n": 2112, "k": 7168}, 10, "0.7.4", True) is None
     assert tab.lookup("o", {"n": 2112, "k": 7168}, 1, "0.7.4", False) is None
     with pytest.raises(ValueError, match="schema"):
         routing.Table({"schema": 99, "arch": "x", "entries": []}, "test")

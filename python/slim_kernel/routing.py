@@ -7,9 +7,10 @@ run (``jit:<variant>`` for each JIT configuration of ``jit/catalogue.py``, ``fla
 ``torch``). Selection (``registry.select``) ranks the eligible backends by these numbers:
 
 * exact point: same op, shape, M, PDL state and flashinfer version as installed;
-* else the nearest measured flashinfer version, then the nearest measured shape (same op, M,
-  output dtype; closest N/E and K in log distance): a documented estimate, never a guess the
-  caller cannot see (``slim-kernel info`` prints the point used);
+* else the nearest measured flashinfer version with that point (past flashinfer's M <= 16 window
+  the rows of any version serve), then the nearest measured shape (same op, M, output dtype;
+  closest N/E and K in log distance), then the nearest measured M within 8 (same shape): a
+  documented estimate, never a guess the caller cannot see (``slim-kernel info`` prints it);
 * no point at all (another arch, M outside what was measured): the op's priority order.
 """
 
@@ -80,39 +81,36 @@ class Table:
 
     def lookup(self, op: str, shape: dict, m: int, flashinfer: str | None, pdl: bool) -> Decision | None:
         shape_t = tuple(sorted(shape.items()))
-        notes = []
-        version = self._version(flashinfer)
-        if version is None:
-            return None
-        if flashinfer != version:
-            notes.append(f"flashinfer {flashinfer or 'not installed'}: using the {version} measurements")
-        point = self._index.get((op, shape_t, m, version, pdl))
-        if point is None:
-            point = self._nearest(op, dict(shape_t), m, version, pdl)
+        for version in self._versions_by_distance(flashinfer):
+            notes = [] if version == flashinfer else [f"flashinfer {flashinfer or 'not installed'}: "
+                                                      f"using the {version} measurements"]
+            point = self._index.get((op, shape_t, m, version, pdl))
             if point is None:
-                return None
-            notes.append(f"nearest measured shape to {', '.join(f'{k}={v}' for k, v in shape_t)}")
-        return Decision(point, "; ".join(notes) or "exact")
+                point = self._nearest(op, dict(shape_t), m, version, pdl)
+                if point is not None:
+                    notes.append(f"nearest measured point to {', '.join(f'{k}={v}' for k, v in shape_t)} M={m}")
+            if point is not None:
+                return Decision(point, "; ".join(notes) or "exact")
+        return None
 
-    def _version(self, flashinfer: str | None) -> str | None:
-        if not self.versions:
-            return None
-        if flashinfer in self.versions:
-            return flashinfer
+    def _versions_by_distance(self, flashinfer: str | None) -> list[str]:
         if flashinfer is None:
-            return self.versions[-1]
+            return self.versions[::-1]
         want = version_key(flashinfer)
-        return min(self.versions, key=lambda v: (_distance(version_key(v), want), version_key(v)))
+        return sorted(self.versions, key=lambda v: (_distance(version_key(v), want), version_key(v)))
 
     def _nearest(self, op: str, shape: dict, m: int, version: str, pdl: bool) -> Point | None:
-        best, best_d = None, math.inf
+        """Same M, closest shape; else same shape, closest M within 8."""
+        best, best_d = None, (math.inf, math.inf)
         for p in self.points:
             other = dict(p.shape)
-            if (p.op, p.m, p.flashinfer, p.pdl) != (op, m, version, pdl) or set(other) != set(shape):
+            if (p.op, p.flashinfer, p.pdl) != (op, version, pdl) or set(other) != set(shape) or abs(p.m - m) > 8:
                 continue
             if any(not isinstance(v, (int, float)) and v != other[k] for k, v in shape.items()):
                 continue  # e.g. the output dtype must match
-            d = sum(abs(math.log(max(v, 1) / max(other[k], 1))) for k, v in shape.items() if isinstance(v, (int, float)))
+            d_shape = sum(abs(math.log(max(v, 1) / max(other[k], 1)))
+                          for k, v in shape.items() if isinstance(v, (int, float)))
+            d = (abs(p.m - m), d_shape) if d_shape == 0 else (0, d_shape) if p.m == m else (math.inf, 0)
             if d < best_d:
                 best, best_d = p, d
         return best
