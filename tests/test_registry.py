@@ -131,7 +131,7 @@ def test_routing_table_nearest_version_and_shape():
     old = tab.lookup("o", {"n": 2112, "k": 7168}, 1, "0.7.0", True)
     assert old.point.flashinfer == "0.7.2.post1" and "0.7.2.post1 measurements" in old.match
     near = tab.lookup("o", {"n": 2000, "k": 7168}, 1, None, True)
-    assert near.point.flashinfer == "0.7.4" and "nearest measured shape" in near.match
+    assert near.point.flashinfer == "0.7.4" and "nearest measured point" in near.match
     assert tab.lookup("o", {"n": 2112, "k": 7168}, 5, "0.7.4", True).point.m == 1
     assert tab.lookup("o", {"n": 2112, "k": 7168}, 10, "0.7.4", True) is None
     assert tab.lookup("o", {"n": 2112, "k": 7168}, 1, "0.7.4", False) is None
