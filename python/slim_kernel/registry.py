@@ -217,15 +217,35 @@ def _ranked(specs: list[KernelSpec], dec: routing.Decision | None) -> list[Kerne
     return [spec for _, spec in sorted(enumerate(specs), key=key)]
 
 
-def select(op: str, device: torch.device, args: Sequence, backend=None) -> Selection:
-    """The spec and bound implementation that serve this call, and why."""
+def ranked(op: str, device: torch.device, args: Sequence) -> tuple[list[KernelSpec], list[str], routing.Decision | None]:
+    """The eligible specs in the order selection tries them, why the others are not eligible,
+    and the routing-table point that ordered them (None: priority order). Loads nothing."""
     specs = _REGISTRY.get(op)
     if not specs:
         raise KeyError(f"no backends registered for op {op!r}")
+    eligible, reasons = [], []
+    for spec in specs:
+        reason = _reason(spec, device, args)
+        if reason is None:
+            eligible.append(spec)
+        else:
+            reasons.append(f"{spec.backend.value}: {reason}")
+    dec = decision(op, device, args) if eligible else None
+    return _ranked(eligible, dec), reasons, dec
+
+
+def why(spec: KernelSpec, dec: routing.Decision | None) -> str:
+    if dec is not None and dec.point.best(spec.backend.value):
+        return f"measured fastest of the eligible backends: {dec.why(spec.backend.value)}"
+    return "first eligible in priority order"
+
+
+def select(op: str, device: torch.device, args: Sequence, backend=None) -> Selection:
+    """The spec and bound implementation that serve this call, and why."""
     knobs.check_env()
     pinned, by = pinned_backend(op, backend)
     if pinned is not None:
-        spec = next((s for s in specs if s.backend == pinned), None)
+        spec = next((s for s in _REGISTRY.get(op, ()) if s.backend == pinned), None)
         if spec is None:
             raise BackendUnavailableError(f"{op}: backend {pinned.value!r} is not registered for this op")
         reason = _reason(spec, device, args)
@@ -236,21 +256,11 @@ def select(op: str, device: torch.device, args: Sequence, backend=None) -> Selec
             raise BackendUnavailableError(f"{op}: backend {pinned.value!r} cannot serve this call: {reason}")
         dec = decision(op, device, args)
         return Selection(spec, _bind(spec, fn, args, dec), f"pinned by {by}")
-    reasons = []
-    eligible = []
-    for spec in specs:
-        reason = _reason(spec, device, args)
-        if reason is None:
-            eligible.append(spec)
-        else:
-            reasons.append(f"{spec.backend.value}: {reason}")
-    dec = decision(op, device, args) if eligible else None
-    for spec in _ranked(eligible, dec):
+    order, reasons, dec = ranked(op, device, args)
+    for spec in order:
         fn, reason = _load(spec)
         if fn is not None:
-            why = (f"measured fastest of the eligible backends: {dec.why(spec.backend.value)}"
-                   if dec is not None and dec.point.best(spec.backend.value) else "first eligible in priority order")
-            return Selection(spec, _bind(spec, fn, args, dec), why)
+            return Selection(spec, _bind(spec, fn, args, dec), why(spec, dec))
         warnings.warn(f"slim_kernel: {op} backend {spec.backend.value!r} {reason}; falling back",
                       RuntimeWarning, stacklevel=3)
         reasons.append(f"{spec.backend.value}: {reason}")

@@ -1,0 +1,82 @@
+"""Hardware counters of our GEMM kernels and the anchors, under Nsight Compute (GPU machine).
+
+    ncu --clock-control none --profile-from-start off --nvtx --print-nvtx-rename kernel --csv \\
+        --metrics "$(python3 benchmark/profile_gemm.py --metrics)" python3 benchmark/profile_gemm.py [--sglang DIR] > ncu.csv
+
+Everything is compiled and warmed up first; only the calls between cudaProfilerStart/Stop are
+profiled: for each case and M, each implementation runs REPEATS times on distinct cold weight
+copies (ncu also flushes the caches between kernels by default). Prints the kernel order to
+stderr so the CSV rows can be matched to implementations (``# label`` lines).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import bench_gemm as B  # noqa: E402
+from anchors import Anchors  # noqa: E402
+
+REPEATS = 2
+METRICS = ",".join([
+    "gpu__time_duration.sum", "dram__bytes_read.sum", "dram__throughput.avg.pct_of_peak_sustained_elapsed",
+    "lts__t_bytes.sum", "sm__throughput.avg.pct_of_peak_sustained_elapsed",
+    "smsp__average_warps_issue_stalled_long_scoreboard_per_issue_active.ratio",
+    "smsp__average_warps_issue_stalled_barrier_per_issue_active.ratio",
+    "smsp__average_warps_issue_stalled_membar_per_issue_active.ratio",
+    "launch__grid_size", "launch__block_size", "launch__registers_per_thread",
+])
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--sglang")
+    ap.add_argument("--ms", default="1,16")
+    ap.add_argument("--impls", default="", help="comma-separated column names (default: all but @nopdl and ref)")
+    ap.add_argument("--metrics", action="store_true", help="print the metric list for ncu and exit")
+    args = ap.parse_args()
+    if args.metrics:
+        print(METRICS)
+        return 0
+    notes: list[str] = []
+    anchors = Anchors(notes, args.sglang)
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    cases = [B.Case("dsv3_fused_a_gemm", B.FUSED_N, "bfloat16", gen), B.Case("dsv3_router_gemm", 256, "float32", gen)]
+    anchors.warm_sglang([(256, torch.float32)], B.FUSED_N, B.K)
+    plan = []
+    for case in cases:
+        for m in B.parse_ms(args.ms):
+            x = torch.randn(m, B.K, generator=gen, device="cuda").to(torch.bfloat16)
+            out = torch.empty(m, case.n, device="cuda", dtype=case.out_dtype)
+            impls = B.ours(case, x, out)
+            impls["default"] = B.default(case, x, out)
+            impls.update(anchors.router(case.n, case.out_dtype, x, out) if "e" in case.shape
+                         else anchors.fused_a(x, out))
+            wanted = [n for n in args.impls.split(",") if n] or [n for n in impls if "@" not in n and n != "ref"]
+            for name in wanted:
+                if name in impls:
+                    calls = [impls[name](w) for w in case.weights[:REPEATS]]
+                    for call in calls:
+                        call()  # warm-up: compile, plan, autotune outside the profiled range
+                    plan.append((f"{case.op} {case.shape} M={m} {name}", calls))
+    torch.cuda.synchronize()
+    torch.cuda.profiler.start()
+    for label, calls in plan:
+        print(f"# {label}", file=sys.stderr, flush=True)
+        torch.cuda.nvtx.range_push(label)  # `ncu --nvtx --print-nvtx-rename kernel` names the rows by it
+        for call in calls:
+            call()
+        torch.cuda.synchronize()
+        torch.cuda.nvtx.range_pop()
+    torch.cuda.profiler.stop()
+    for note in notes:
+        print("note:", note, file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
