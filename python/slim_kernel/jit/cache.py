@@ -8,8 +8,16 @@ name and version, its flags and the slim-kernel version. A build goes to a priva
 and is published with an atomic rename, under an ``fcntl`` lock per entry, so N processes
 starting together compile once. Each entry is ``MAGIC | u32 header length | JSON header |
 cubin``; the header carries the key, arch, size and sha256 of the cubin (and the ptxas resource
-report), so a truncated, corrupt or wrong-arch entry is detected and rebuilt, never loaded. A
-read-only or full cache dir gives one warning and an in-memory compile.
+report), so a truncated, corrupt or wrong-arch entry is detected and rebuilt, never loaded.
+Reads trust nothing: an entry is opened only when it is a regular file (not a link, FIFO or
+device) of bounded size, and its header is bounded in size and nesting.
+
+The root directory is the user's (created with their umask); everything inside is made for
+sharing, dirs 0755 and entries 0644, so a cache built by root at image build serves the user a
+server runs as. A cache that is readable but not writable serves its hits silently; a compile
+that cannot be stored (read-only, full, not permitted, a file where a dir belongs) gives one
+warning naming the real cause and stays in memory. Each publish sweeps what killed processes
+left behind: staging files and nvcc work dirs older than :data:`STALE_AFTER_S`.
 """
 
 from __future__ import annotations
@@ -21,6 +29,8 @@ import hashlib
 import json
 import logging
 import os
+import shutil
+import stat
 import struct
 import tempfile
 import threading
@@ -31,7 +41,7 @@ from pathlib import Path
 
 from .._version import __version__
 from .arch import normalize_arch, sm_version
-from .compiler import Compiler, get_compiler
+from .compiler import NVCC_TIMEOUT_S, Compiler, get_compiler, nvcc_temp_parent
 from .resources import ResourceUsage, cubin_sm
 from .sources import source_digest
 from .spec import KernelInstance
@@ -44,6 +54,17 @@ FORMAT = 1
 MAGIC = b"SLIMCUBIN1\n\0"
 SUFFIX = ".slimcubin"
 _HEAD = struct.Struct("<12sI")
+# A real entry is one cubin (~100 KiB here) behind a ~1 KiB header with about a dozen brackets;
+# anything past these bounds is not an entry of ours and is not read further.
+MAX_ENTRY_BYTES = 64 << 20
+MAX_HEADER_BYTES = 64 << 10
+MAX_HEADER_BRACKETS = 128  # bounds the nesting depth json.loads recurses to
+ENTRY_MODE, DIR_MODE = 0o644, 0o755
+# A staging file lives for the milliseconds of one write, an nvcc work dir for one compile (at most
+# NVCC_TIMEOUT_S): anything older was left by a killed process.
+STALE_AFTER_S = 2 * NVCC_TIMEOUT_S
+_KINDS = {stat.S_IFLNK: "a symlink", stat.S_IFDIR: "a directory", stat.S_IFIFO: "a FIFO",
+          stat.S_IFCHR: "a character device", stat.S_IFBLK: "a block device", stat.S_IFSOCK: "a socket"}
 
 
 def cache_root() -> Path:
@@ -64,6 +85,7 @@ class CacheEntry:
     header: dict
     path: Path | None  # None: compiled in memory only
     compiled: bool  # True when this call ran the compiler
+    store_error: str | None = None  # why it is in memory only
 
     @property
     def usage(self) -> ResourceUsage | None:
@@ -96,21 +118,47 @@ def pack_entry(header: dict, cubin: bytes) -> bytes:
     return _HEAD.pack(MAGIC, len(head)) + head + cubin
 
 
+def _check_file(st: os.stat_result) -> None:
+    if not stat.S_ISREG(st.st_mode):
+        raise ValueError(f"not a regular file ({_KINDS.get(stat.S_IFMT(st.st_mode), 'unknown type')})")
+    if st.st_size > MAX_ENTRY_BYTES:
+        raise ValueError(f"{st.st_size} bytes, more than an entry can be ({MAX_ENTRY_BYTES})")
+
+
+def _read_bounded(path: Path) -> bytes:
+    """The bytes of ``path``; ValueError when it is not a regular file of at most MAX_ENTRY_BYTES."""
+    _check_file(os.lstat(path))  # before open: opening a FIFO blocks, a device may have side effects
+    with open(os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC), "rb") as f:
+        _check_file(os.fstat(f.fileno()))  # what was opened: the name may have been swapped meanwhile
+        data = f.read(MAX_ENTRY_BYTES + 1)
+    if len(data) > MAX_ENTRY_BYTES:
+        raise ValueError(f"grew past {MAX_ENTRY_BYTES} bytes while read")
+    return data
+
+
 def read_entry(path: Path, key: str, arch: str) -> tuple[CacheEntry | None, str | None]:
-    """The valid entry at ``path``, or ``(None, why not)`` (missing, truncated, corrupt, wrong arch)."""
+    """The valid entry at ``path``, or ``(None, why not)`` (missing, not a regular file, too large,
+    truncated, corrupt, wrong arch)."""
     try:
-        data = path.read_bytes()
+        data = _read_bounded(path)
     except FileNotFoundError:
         return None, "missing"
     except OSError as exc:
-        return None, f"unreadable ({exc})"
+        return None, f"unreadable ({os_reason(exc)})"
+    except ValueError as exc:
+        return None, str(exc)
     if len(data) < _HEAD.size:
         return None, "truncated header"
     magic, head_len = _HEAD.unpack_from(data)
     if magic != MAGIC:
         return None, "bad magic"
+    head = data[_HEAD.size:_HEAD.size + head_len]
+    if head_len > MAX_HEADER_BYTES or len(head) < head_len:
+        return None, f"header length {head_len} out of bounds"
+    if head.count(b"[") + head.count(b"{") > MAX_HEADER_BRACKETS:
+        return None, f"header has more than {MAX_HEADER_BRACKETS} brackets"
     try:
-        header = json.loads(data[_HEAD.size:_HEAD.size + head_len])
+        header = json.loads(head)
     except ValueError:
         return None, "corrupt header"
     cubin = data[_HEAD.size + head_len:]
@@ -184,74 +232,132 @@ def _locked(lock_path: Path):
         os.close(fd)
 
 
+def os_reason(exc: OSError) -> str:
+    """``"<path>: Read-only file system (EROFS)"``: what failed, in the system's words."""
+    code = errno.errorcode.get(exc.errno or 0)
+    text = f"{exc.filename}: " if exc.filename else ""
+    text += f"{exc.strerror} ({code})" if exc.strerror and code else str(exc)
+    if exc.errno in (errno.EACCES, errno.EPERM):
+        text += f" for uid {os.getuid()}"
+    return text
+
+
+def _mkdir(path: Path, mode: int | None) -> None:
+    """Create ``path`` (and, with ``mode`` None, its parents, as the umask says); exists is fine."""
+    try:
+        if mode is None:
+            path.mkdir(parents=True)
+        else:
+            os.mkdir(path, mode)
+            os.chmod(path, mode)  # mkdir applied the umask
+    except FileExistsError:
+        if not path.is_dir():
+            raise NotADirectoryError(errno.ENOTDIR, "exists and is not a directory", str(path)) from None
+
+
+def prepare_dir(arch: str, root: Path | None = None) -> Path:
+    """Create the dirs entries for ``arch`` go to and prove a file can be written there; OSError if not."""
+    arch_dir = cubin_dir(arch, root)
+    _mkdir(arch_dir.parent.parent, None)  # the root: the user's, umask applies
+    for d in (arch_dir.parent, arch_dir, arch_dir / ".staging", arch_dir / ".locks"):
+        _mkdir(d, DIR_MODE)
+    fd, probe = tempfile.mkstemp(prefix="probe.", dir=arch_dir / ".staging")
+    os.close(fd)
+    os.unlink(probe)
+    return arch_dir
+
+
+def _sweep(directory: Path | None) -> None:
+    """Remove what killed processes left in ``directory``: anything not modified for STALE_AFTER_S."""
+    if directory is None:
+        return
+    cutoff = time.time() - STALE_AFTER_S
+    with contextlib.suppress(OSError), os.scandir(directory) as items:
+        for item in items:
+            with contextlib.suppress(OSError):
+                if item.stat(follow_symlinks=False).st_mtime >= cutoff:
+                    continue
+                if item.is_dir(follow_symlinks=False):
+                    shutil.rmtree(item.path)
+                else:
+                    os.unlink(item.path)
+
+
 def _publish(path: Path, blob: bytes) -> None:
     """Write ``blob`` to a private staging file next to ``path`` and rename it into place."""
     staging = path.parent / ".staging"
-    staging.mkdir(exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=staging)
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(blob)
             f.flush()
+            os.fchmod(f.fileno(), ENTRY_MODE)
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+    _sweep(staging)
+    _sweep(nvcc_temp_parent())
 
 
-def get_entry(instance: KernelInstance, arch: str, compiler: Compiler | str | None = None) -> CacheEntry:
-    """The cache entry for ``instance`` on ``arch``, compiling (once, across processes) if needed."""
+def _resolve(instance: KernelInstance, arch: str, compiler: Compiler | str | None):
     arch = normalize_arch(arch)
     if not isinstance(compiler, Compiler):
         compiler = get_compiler(compiler)
     key = cache_key(instance, arch, compiler)
-    hit = _MEMORY.get(key)
-    if hit is not None:
-        return hit
-    path = entry_path(instance, arch, key)
-    entry, why = read_entry(path, key, arch)
+    return arch, compiler, key, entry_path(instance, arch, key)
+
+
+def get_entry(instance: KernelInstance, arch: str, compiler: Compiler | str | None = None) -> CacheEntry:
+    """The cache entry for ``instance`` on ``arch``, compiling (once, across processes) if needed."""
+    arch, compiler, key, path = _resolve(instance, arch, compiler)
+    entry = _MEMORY.get(key)
     if entry is None:
-        entry = _build(instance, arch, compiler, key, path, why)
-    with _MEMORY_LOCK:
-        _MEMORY[key] = entry
+        entry = _load_or_compile(instance, arch, compiler, key, path)
+        with _MEMORY_LOCK:
+            _MEMORY[key] = entry
     return entry
 
 
-def _build(instance, arch, compiler, key, path: Path, why: str | None) -> CacheEntry:
-    try:
-        (path.parent / ".locks").mkdir(parents=True, exist_ok=True)
-        lock_cm = _locked(path.parent / ".locks" / (path.name + ".lock"))
-        lock_cm.__enter__()
-    except OSError as exc:
-        return _in_memory(instance, arch, compiler, key, path, exc)
-    try:
-        entry, why = read_entry(path, key, arch)  # another process may have published it meanwhile
-        if entry is not None:
-            return entry
-        if why != "missing":
-            log.warning("slim_kernel JIT cache entry %s is invalid (%s); rebuilding", path, why)
-            _trace({"event": "invalid", "path": str(path), "reason": why, "pid": os.getpid()})
-        header, cubin = _compile(instance, arch, compiler, key)
+def load_or_compile(instance: KernelInstance, arch: str, compiler: Compiler | str | None = None) -> CacheEntry:
+    """Like :func:`get_entry` but never answered from this process's memory: the entry on disk, else
+    compiled and published (``path`` None and ``store_error`` set when it could not be stored)."""
+    return _load_or_compile(instance, *_resolve(instance, arch, compiler))
+
+
+def _load_or_compile(instance, arch: str, compiler: Compiler, key: str, path: Path) -> CacheEntry:
+    entry, why = read_entry(path, key, arch)
+    if entry is not None:
+        return entry
+    store_error: OSError | None = None
+    with contextlib.ExitStack() as stack:
         try:
-            _publish(path, pack_entry(header, cubin))
+            prepare_dir(arch, path.parent.parent.parent)
+            stack.enter_context(_locked(path.parent / ".locks" / (path.name + ".lock")))
         except OSError as exc:
-            _warn_once(f"write:{path.parent}", f"slim_kernel: cannot write the JIT cache entry {path} ({exc}); "
-                       "using the kernel compiled in memory (free space or set SLIM_KERNEL_CACHE_DIR)")
-            return CacheEntry(cubin, header, None, compiled=True)
-        return CacheEntry(cubin, header, path, compiled=True)
-    finally:
-        lock_cm.__exit__(None, None, None)
-
-
-def _in_memory(instance, arch, compiler, key, path: Path, exc: OSError) -> CacheEntry:
-    reason = errno.errorcode.get(exc.errno or 0, type(exc).__name__)
-    _warn_once(f"dir:{cache_root()}", f"slim_kernel: the JIT cache dir {cache_root()} is not writable ({reason}: "
-               f"{exc.strerror or exc}); compiling in memory, nothing is cached across processes "
-               f"(set {ENV_CACHE_DIR} to a writable directory)")
-    header, cubin = _compile(instance, arch, compiler, key)
-    return CacheEntry(cubin, header, None, compiled=True)
+            store_error = exc
+        if store_error is None:
+            entry, why = read_entry(path, key, arch)  # another process may have published it meanwhile
+            if entry is not None:
+                return entry
+            if why != "missing":
+                log.warning("slim_kernel JIT cache entry %s is invalid (%s); rebuilding", path, why)
+                _trace({"event": "invalid", "path": str(path), "reason": why, "pid": os.getpid()})
+        header, cubin = _compile(instance, arch, compiler, key)
+        if store_error is None:
+            try:
+                _publish(path, pack_entry(header, cubin))
+                return CacheEntry(cubin, header, path, compiled=True)
+            except OSError as exc:
+                store_error = exc
+    reason = os_reason(store_error)
+    refused = f"; the entry there was refused: {why}" if why != "missing" else ""
+    _warn_once(f"store:{path.parent}", f"slim_kernel: cannot store JIT cache entries in {path.parent} ({reason})"
+               f"{refused}; the kernel is compiled in memory, not shared with other processes (set "
+               f"{ENV_CACHE_DIR} to a writable directory)")
+    return CacheEntry(cubin, header, None, compiled=True, store_error=reason)
 
 
 def compile_cubin(instance: KernelInstance, arch: str, compiler: Compiler | str | None = None) -> bytes:
@@ -259,13 +365,16 @@ def compile_cubin(instance: KernelInstance, arch: str, compiler: Compiler | str 
     return get_entry(instance, arch, compiler).cubin
 
 
+def verify_on_disk(instance: KernelInstance, arch: str, compiler: Compiler | str | None = None) -> str | None:
+    """None when a valid entry is on disk (re-read now, memory aside), else why not; compiles nothing."""
+    arch, _, key, path = _resolve(instance, arch, compiler)
+    return read_entry(path, key, arch)[1]
+
+
 def is_cached(instance: KernelInstance, arch: str, compiler: Compiler | str | None = None) -> bool:
     """True when a valid entry is on disk (or in memory); compiles nothing."""
-    arch = normalize_arch(arch)
-    if not isinstance(compiler, Compiler):
-        compiler = get_compiler(compiler)
-    key = cache_key(instance, arch, compiler)
-    return key in _MEMORY or read_entry(entry_path(instance, arch, key), key, arch)[0] is not None
+    arch, compiler, key, path = _resolve(instance, arch, compiler)
+    return key in _MEMORY or read_entry(path, key, arch)[0] is not None
 
 
 def cached_counts(root: Path | None = None) -> dict[str, int]:

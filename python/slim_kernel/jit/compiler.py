@@ -8,11 +8,13 @@ names what is missing for each.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import importlib.util
 import os
 import shutil
+import stat
 import subprocess
 import sys
 import tempfile
@@ -240,6 +242,21 @@ def find_nvcc() -> str | None:
     return str(cand) if cand.is_file() and os.access(cand, os.X_OK) else None
 
 
+def nvcc_temp_parent(create: bool = False) -> Path | None:
+    """The per-user directory nvcc's work dirs live in, so the ones a killed compile leaves can be
+    found and swept (the cache does, by age); None when it is missing or is not a real directory of
+    this user (someone squatting on the name in a shared /tmp)."""
+    parent = Path(tempfile.gettempdir()) / f"slim_kernel_nvcc-{os.getuid()}"
+    try:
+        if create:
+            with contextlib.suppress(FileExistsError):
+                parent.mkdir(mode=0o700)
+        st = parent.lstat()
+    except OSError:
+        return None
+    return parent if stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid() else None
+
+
 class NvccCompiler(Compiler):
     name = "nvcc"
 
@@ -270,7 +287,7 @@ class NvccCompiler(Compiler):
         path = source_path(instance)
         includes = [f"-I{d}" for d in include_dirs(instance)]
         start = time.perf_counter()
-        with tempfile.TemporaryDirectory(prefix="slim_nvcc_") as tmp:
+        with tempfile.TemporaryDirectory(prefix="slim_nvcc_", dir=nvcc_temp_parent(create=True)) as tmp:
             out = Path(tmp) / "kernel.cubin"
             cmd = [self.path, *self.flags(instance, arch), *includes, "-o", str(out), str(path)]
             try:

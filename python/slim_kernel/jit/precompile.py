@@ -1,8 +1,13 @@
 """`slim-kernel precompile [--arch 9.0a ...] [--ops ...]`: fill the JIT cache ahead of time.
 
-Compiles every kernel instantiation the ops can launch (``slim_kernel.jit.catalogue.all_instances()``)
-for the listed archs, in parallel, with no GPU needed, so an image can ship a warm cache. A second
-run finds everything cached and says so.
+Compiles every kernel instantiation the ops can launch for the listed archs, in parallel, with no
+GPU needed, so an image can ship a warm cache. At the end every entry is re-read from disk and
+verified, and one summary line counts those: compiled by this run, or already present (before the
+run, or published meanwhile by a concurrent run). A progress bar is shown on a terminal only.
+
+Exit status: 0 every instantiation is verified in the cache; 1 some could not be compiled or
+stored (each one named with the reason: read-only or full file system, permissions, a file where
+a directory belongs, ...); 2 bad input (unknown op, malformed or unsupported arch, no compiler).
 """
 
 from __future__ import annotations
@@ -11,24 +16,60 @@ import multiprocessing
 import os
 import sys
 import time
+import warnings
 from concurrent.futures import ProcessPoolExecutor, as_completed
 
-from .arch import normalize_arch
-from .cache import ENV_CACHE_DIR, cache_root, get_entry, is_cached
+from .arch import normalize_arch, sm_version
+from .cache import ENV_CACHE_DIR, cache_root, load_or_compile, os_reason, prepare_dir, verify_on_disk
 from .compiler import COMPILER_NAMES, ENV_COMPILER, CompileError, CompilerUnavailableError, get_compiler
 from .spec import KernelInstance
+
+# The shipped kernels use SM 9.0 PTX (griddepcontrol for PDL, ...); the op specs say min_sm=(9, 0).
+MIN_SM = 90
 
 
 def add_arguments(parser) -> None:
     parser.add_argument("--arch", action="append", metavar="ARCH",
-                        help="target arch, e.g. 9.0a or sm_100a (repeatable; default: the visible GPUs, "
-                             "else 9.0a)")
+                        help="target arch, SM >= 9.0, e.g. 9.0a or sm_100a (repeatable; default: the visible "
+                             "GPUs, else 9.0a)")
     parser.add_argument("--ops", nargs="+", metavar="OP", help="only these ops (default: all JIT ops)")
     parser.add_argument("--compiler", choices=COMPILER_NAMES,
                         help=f"force a compiler (default: ${ENV_COMPILER} or automatic)")
     parser.add_argument("--cache-dir", help=f"cache directory (default: ${ENV_CACHE_DIR} or the user cache dir)")
     parser.add_argument("-j", "--jobs", type=int, default=os.cpu_count() or 1,
                         help="parallel compiles (default: the number of cores)")
+    parser.add_argument("--no-progress", action="store_true",
+                        help="no progress bar (it is only shown when stderr is a terminal anyway)")
+
+
+def catalogue() -> list[tuple[str, KernelInstance]]:
+    """``(op, instance)`` for every kernel instantiation the ops can launch: the one place precompile
+    reads the kernel catalogue from."""
+    from .catalogue import all_instances
+
+    return all_instances()
+
+
+def load_instances(ops: list[str] | None) -> list[KernelInstance]:
+    """The instances of ``ops`` (all when None); ValueError naming unknown ops."""
+    try:
+        pairs = catalogue()
+    except ImportError as exc:
+        raise RuntimeError(f"the kernel catalogue cannot be loaded: {exc}") from exc
+    known = sorted({op for op, _ in pairs})
+    unknown = [op for op in ops or () if op not in known]
+    if unknown:
+        raise ValueError(f"--ops: unknown op(s) {', '.join(unknown)}; JIT ops are {', '.join(known)}")
+    return [inst for op, inst in pairs if not ops or op in ops]
+
+
+def supported_arch(arch: str) -> str:
+    """``arch`` normalized; ValueError when malformed or older than the kernels support."""
+    arch = normalize_arch(arch)
+    if sm_version(arch) < MIN_SM:
+        raise ValueError(f"arch {arch} is not supported: the JIT kernels need SM >= {MIN_SM // 10}.{MIN_SM % 10} "
+                         "(e.g. 9.0a, 10.0a, 12.0a)")
+    return arch
 
 
 def _default_archs() -> list[str]:
@@ -45,52 +86,50 @@ def _default_archs() -> list[str]:
     return ["sm_90a"]
 
 
-def load_instances(ops: list[str] | None) -> list[KernelInstance]:
-    """The instances of ``ops`` (all JIT ops when None), from the kernel catalogue."""
-    from . import catalogue
-
-    known = tuple(catalogue.SOURCES)
-    unknown = [op for op in ops or () if op not in known]
-    if unknown:
-        raise ValueError(f"--ops: unknown op(s) {', '.join(unknown)}; JIT ops are {', '.join(known)}")
-    return [inst for _, inst in catalogue.all_instances(tuple(ops) if ops else known)]
-
-
-def _compile_one(instance: KernelInstance, arch: str, compiler: str | None) -> tuple[bool, float, str | None]:
-    start = time.perf_counter()
+def _compile_one(instance: KernelInstance, arch: str, compiler: str) -> tuple[bool, str | None]:
+    """``(compiled by this call, why it is not in the cache or None)``."""
     try:
-        entry = get_entry(instance, arch, compiler)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # a store failure is reported per entry instead
+            entry = load_or_compile(instance, arch, compiler)
     except (CompileError, CompilerUnavailableError, OSError) as exc:
-        return False, time.perf_counter() - start, str(exc)
-    return entry.compiled, time.perf_counter() - start, None
+        return False, str(exc)
+    if entry.path is None:
+        return True, f"compiled but not stored: {entry.store_error}"
+    return entry.compiled, None
 
 
-class _Progress:
-    """tqdm when installed, else one line per finished compile."""
+def _progress_bar(total: int, wanted: bool):
+    """A tqdm bar on stderr when wanted, on a terminal, with tqdm installed; else None."""
+    if not wanted or not total or not sys.stderr.isatty():
+        return None
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return None
+    return tqdm(total=total, unit="kernel", desc="compiling", file=sys.stderr, leave=False)
 
-    def __init__(self, total: int):
-        self.total, self.done = total, 0
-        try:
-            from tqdm import tqdm
 
-            self.bar = tqdm(total=total, unit="kernel", desc="compiling", file=sys.stderr)
-        except ImportError:
-            self.bar = None
-
-    def step(self, label: str, seconds: float, error: str | None) -> None:
-        self.done += 1
-        if self.bar is not None:
-            self.bar.set_postfix_str(label[:60])
-            self.bar.update(1)
-            if error:
-                self.bar.write(f"FAILED {label}: {error}")
-            return
-        state = f"FAILED: {error}" if error else f"{seconds:.2f} s"
-        print(f"[{self.done}/{self.total}] {label}  {state}", flush=True)
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()
+def _compile_all(todo: list, compiler: str, jobs: int, bar) -> dict:
+    """``{(instance, arch): (compiled by this run, why it failed)}``."""
+    results = {}
+    workers = min(jobs, len(todo))
+    if workers <= 1:
+        for job in todo:
+            results[job] = _compile_one(*job, compiler)
+            if bar is not None:
+                bar.update(1)
+        return results
+    with ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("forkserver")) as pool:
+        futures = {pool.submit(_compile_one, *job, compiler): job for job in todo}
+        for fut in as_completed(futures):
+            try:
+                results[futures[fut]] = fut.result()
+            except Exception as exc:  # noqa: BLE001 - a worker that died: report it with the others
+                results[futures[fut]] = (False, f"compile worker failed: {exc!r}")
+            if bar is not None:
+                bar.update(1)
+    return results
 
 
 def _label(instance: KernelInstance, arch: str) -> str:
@@ -102,7 +141,7 @@ def run(args) -> int:
     if args.cache_dir:
         os.environ[ENV_CACHE_DIR] = args.cache_dir  # inherited by the worker processes
     try:
-        archs = [normalize_arch(a) for a in (args.arch or _default_archs())]
+        archs = list(dict.fromkeys(supported_arch(a) for a in (args.arch or _default_archs())))
         instances = load_instances(args.ops)
         compiler = get_compiler(args.compiler)
     except (RuntimeError, ValueError) as exc:
@@ -111,34 +150,30 @@ def run(args) -> int:
     if args.jobs < 1:
         print("slim-kernel precompile: --jobs must be >= 1", file=sys.stderr)
         return 2
-    jobs = [(inst, arch) for arch in dict.fromkeys(archs) for inst in instances]
-    todo = [(inst, arch) for inst, arch in jobs if not is_cached(inst, arch, compiler)]
     root = cache_root()
-    print(f"{len(jobs)} instantiations ({len(instances)} kernels x {', '.join(dict.fromkeys(archs))}), "
-          f"compiler {compiler.fingerprint()}, cache {root}")
-    if not todo:
-        print(f"nothing to do: all {len(jobs)} are already cached")
-        return 0
-    print(f"{len(jobs) - len(todo)} already cached, compiling {len(todo)} with {min(args.jobs, len(todo))} jobs")
+    jobs = [(inst, arch) for arch in archs for inst in instances]
+    todo = [job for job in jobs if verify_on_disk(*job, compiler) is not None]
+    for arch in dict.fromkeys(arch for _, arch in todo):  # fail in a moment, not after every compile
+        try:
+            prepare_dir(arch)
+        except OSError as exc:
+            print(f"slim-kernel precompile: cannot store {arch} entries in the cache {root}: {os_reason(exc)}",
+                  file=sys.stderr)
+            return 1
     start = time.perf_counter()
-    progress = _Progress(len(todo))
-    failures = 0
-    if min(args.jobs, len(todo)) == 1:
-        results = ((inst, arch, _compile_one(inst, arch, compiler.name)) for inst, arch in todo)
-        for inst, arch, (_, seconds, error) in results:
-            failures += error is not None
-            progress.step(_label(inst, arch), seconds, error)
-    else:
-        ctx = multiprocessing.get_context("forkserver")
-        with ProcessPoolExecutor(max_workers=min(args.jobs, len(todo)), mp_context=ctx) as pool:
-            futures = {pool.submit(_compile_one, inst, arch, compiler.name): (inst, arch) for inst, arch in todo}
-            for fut in as_completed(futures):
-                inst, arch = futures[fut]
-                _, seconds, error = fut.result()
-                failures += error is not None
-                progress.step(_label(inst, arch), seconds, error)
-    progress.close()
-    elapsed = time.perf_counter() - start
-    print(f"compiled {len(todo) - failures} of {len(todo)} in {elapsed:.1f} s"
-          + (f"; {failures} FAILED" if failures else ""))
-    return 1 if failures else 0
+    bar = _progress_bar(len(todo), not args.no_progress)
+    results = _compile_all(todo, compiler.name, args.jobs, bar)
+    if bar is not None:
+        bar.close()
+    # What counts is what is on disk now, re-read, not what the compiles reported.
+    missing = {job: why for job in jobs if (why := verify_on_disk(*job, compiler)) is not None}
+    compiled = sum(results.get(job, (False,))[0] for job in jobs if job not in missing)
+    for job, why in missing.items():
+        reported = results.get(job, (False, None))[1]
+        print(f"FAILED {_label(*job)}: {reported or f'not in the cache after the run ({why})'}", file=sys.stderr)
+    verified = len(jobs) - len(missing)
+    print(f"precompile: {verified} of {len(jobs)} verified in the cache {root} ({compiled} compiled by this run, "
+          f"{verified - compiled} already present{f', {len(missing)} FAILED' if missing else ''}); "
+          f"{len(instances)} kernels x {', '.join(archs)}, {compiler.fingerprint()}, "
+          f"{time.perf_counter() - start:.1f} s")
+    return 1 if missing else 0
