@@ -147,7 +147,11 @@ class _Direct:
         self.verified: set = set()  # (signature, tactic) that matched the public call
 
     def _token(self):
-        """A value that changes whenever choose_one could answer differently; None: ask every call."""
+        """A value that changes whenever choose_one could answer differently; None: ask every call.
+
+        The winner sources are compared by size: a cleared tuner cache refilled to the very same
+        sizes goes unnoticed (call :func:`reset` after such a swap).
+        """
         t = self.tuner
         # the thread-local stacks through __dict__: getattr of a missing attribute costs ~0.6 µs
         if (t.is_tuning_mode or t._managed_cache is not None or t._v2_local.active
