@@ -1,9 +1,13 @@
-"""Eager per-call host cost of the public ops vs the libraries they route to (issue 7).
+"""Eager per-call host cost of the public ops vs the libraries they route to (issues 7, 11).
 
 For each shape, in one run: our public op per backend, the backend function called
 directly, the direct flashinfer call, and torch (F.linear / torch.bmm) of the same shape.
+bmm_fp8 (the MLA shapes, 16 heads x T {1, 16, 64, 512} x (K, N) {(128, 512), (512, 128)}):
+sk.bmm_fp8 vs flashinfer.bmm_fp8(backend="cublas") vs the fast path's runner call alone, plus
+sk.bmm_fp8 with the public call swapped in (what serves when the fast path is off).
 Host µs/call = wall time of a loop of eager calls (no sync inside) / calls, median of
-repeats; graph µs/call = CUDA-graph replay of the same calls. cProfile tops for two ops.
+repeats, variants interleaved in each repeat; graph µs/call = CUDA-graph replay of the same
+calls. The JSON records the flashinfer version and the fast-path state. cProfile tops for two ops.
 
     python benchmark/bench_eager.py --json OUT.json [--png OUT.png]
 """
@@ -24,6 +28,7 @@ import torch
 import torch.nn.functional as F
 
 import slim_kernel as sk
+from slim_kernel.backends import flashinfer_fastpath as fp
 
 DEV = "cuda"
 CALLS, REPEATS, GRAPH_CALLS = 200, 15, 50
@@ -73,15 +78,24 @@ def _fp8(shape, dtype=torch.float8_e4m3fn):
     return torch.randn(shape, device=DEV).to(dtype)
 
 
-def cases():
-    """(case name, {variant: zero-arg callable}) for every measured shape."""
-    fi = importlib.util.find_spec("flashinfer") is not None
+def _with_public_path(call):
+    """``call`` with the bmm_fp8 fast path swapped out for the public call (what serves when it is off)."""
+    def run():
+        saved, fp._serve = fp._serve, fp._public_call
+        try:
+            call()
+        finally:
+            fp._serve = saved
+    return run
+
+
+def bmm_fp8_cases(fi: bool):
+    """The MLA shapes: 16 heads x T x (K, N); sk.bmm_fp8 vs flashinfer.bmm_fp8 vs its runner alone."""
     if fi:
         import flashinfer
-        from flashinfer.gemm import mm_M1_16_K7168_N256, tinygemm_bf16
-    jitb = importlib.import_module("slim_kernel.backends.jit") if _jit_ok() else None
-    fib = importlib.import_module("slim_kernel.backends.flashinfer") if fi else None
-    for tokens in (1, 64, 512):
+
+        fp.decide()  # import flashinfer, detect the internals (the first call of each case verifies)
+    for tokens in (1, 16, 64, 512):
         for k, n in ((128, 512), (512, 128)):
             A, W = _fp8((16, tokens, k)), _fp8((16, n, k))
             B, s = W.transpose(-2, -1), torch.ones(1, device=DEV)
@@ -89,18 +103,31 @@ def cases():
             a16, b16 = A.bfloat16(), B.bfloat16()
             v = {"torch.bmm (bf16)": lambda a16=a16, b16=b16: torch.bmm(a16, b16)}
             if fi:
+                v["sk.bmm_fp8"] = lambda A=A, B=B, s=s, out=out: sk.bmm_fp8(A, B, s, s, torch.bfloat16, out)
                 v["flashinfer.bmm_fp8"] = lambda A=A, B=B, s=s, out=out: flashinfer.bmm_fp8(
                     A, B, s, s, torch.bfloat16, out, backend="cublas")
-                v["sk.bmm_fp8 flashinfer"] = lambda A=A, B=B, s=s, out=out: sk.bmm_fp8(
-                    A, B, s, s, torch.bfloat16, out, backend="flashinfer")
-                v["backend fn flashinfer"] = lambda A=A, B=B, s=s, out=out: fib.bmm_fp8(out, A, B, s, s)
-                direct = fib.direct_bmm_fp8()
-                if direct is not None:  # the floor: flashinfer's cuBLAS runner alone, inputs prebuilt
-                    ws = direct._gb._get_cache_buf("bmm_fp8_workspace", direct._gb.DEFAULT_WORKSPACE_SIZE, A.device)
-                    v["flashinfer runner only"] = lambda r=direct._runner, i=[A, B, s, s, out, ws]: r(inputs=i, tactic=-1)
+                direct = fp._direct
+                if direct is not None:  # the floor: what the fast path calls, workspace prefetched
+                    ws = direct.workspace("bmm_fp8_workspace", direct.workspace_size, A.device)
+                    if direct.heuristic is not None:
+                        v["runner only"] = lambda h=direct.heuristic, A=A, B=B, s=s, out=out, ws=ws: h(
+                            A, B, out, s, s, ws)
+                    else:
+                        v["runner only"] = lambda r=direct.runner, i=[A, B, s, s, out, ws]: r(inputs=i, tactic=-1)
+                v["backend fn"] = lambda A=A, B=B, s=s, out=out: fp.bmm_fp8(out, A, B, s, s)
+                v["sk.bmm_fp8 public path"] = _with_public_path(v["sk.bmm_fp8"])
             v["sk.bmm_fp8 torch"] = lambda A=A, B=B, s=s, out=out: sk.bmm_fp8(
                 A, B, s, s, torch.bfloat16, out, backend="torch")
             yield f"bmm_fp8 h16 t{tokens} k{k} n{n}", v
+
+
+def cases():
+    """(case name, {variant: zero-arg callable}) for every measured shape."""
+    fi = importlib.util.find_spec("flashinfer") is not None
+    if fi:
+        from flashinfer.gemm import mm_M1_16_K7168_N256, tinygemm_bf16
+    jitb = importlib.import_module("slim_kernel.backends.jit") if _jit_ok() else None
+    yield from bmm_fp8_cases(fi)
     for m in (1, 16):
         h, Wr = torch.randn(m, 7168, device=DEV, dtype=torch.bfloat16), torch.randn(256, 7168, device=DEV,
                                                                                     dtype=torch.bfloat16)
@@ -166,12 +193,13 @@ def main() -> int:
                 del variants[label]
         row["host_us"] = {label: round(us, 2) for label, us in host_us(variants).items()}
         results.append(row)
-        for label in ("sk.bmm_fp8 flashinfer", "sk.router jit"):
+        for label in ("sk.bmm_fp8", "sk.router jit"):
             if label in variants and label not in profiles and label not in row["errors"]:
                 profiles[label] = profile(variants[label])
     targets = check_targets(results)
     meta = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "slim_kernel": sk.__version__,
-            "command": " ".join(["python", *sys.argv]), "calls": CALLS, "repeats": REPEATS}
+            "command": " ".join(["python", *sys.argv]), "calls": CALLS, "repeats": REPEATS,
+            "flashinfer": fp.fast_path_state()["flashinfer"], "bmm_fp8_fast_path": fp.fast_path_state()}
     with open(args.json, "w") as f:
         json.dump({"meta": meta, "results": results, "targets": targets, "profiles": profiles}, f, indent=1)
     if args.png:
@@ -184,17 +212,43 @@ def main() -> int:
             print(f"{row['case']:<32} {label:<32} ERROR {err[:80]}")
     for t in targets:
         print(f"target {t['what']}: {t['value']:.2f} <= {t['limit']:.2f}: {'MET' if t['met'] else 'MISSED'}")
+    print(bmm_fp8_table(results, meta))
     return 0
 
 
+def bmm_fp8_table(results, meta) -> str:
+    """The short bmm_fp8 table printed last: eager medians and graph replay, µs per call."""
+    state = meta["bmm_fp8_fast_path"]
+    lines = [f"bmm_fp8, flashinfer {meta['flashinfer']}, fast path {state['bmm_fp8_fast_path']}"
+             + (f" ({state['reason']})" if state["reason"] else f" (workspace {state['workspace']})"),
+             f"{'case':<26}{'sk':>8}{'fi':>8}{'sk/fi':>7}{'runner':>8}{'public':>8}{'graph sk':>10}{'graph fi':>10}"]
+    for row in results:
+        h, g = row["host_us"], row["graph_us"]
+        if not row["case"].startswith("bmm_fp8") or "sk.bmm_fp8" not in h or "flashinfer.bmm_fp8" not in h:
+            continue
+        cells = [h["sk.bmm_fp8"], h["flashinfer.bmm_fp8"], h["sk.bmm_fp8"] / h["flashinfer.bmm_fp8"],
+                 h.get("runner only", float("nan")), h.get("sk.bmm_fp8 public path", float("nan")),
+                 g["sk.bmm_fp8"], g["flashinfer.bmm_fp8"]]
+        lines.append(f"{row['case'].removeprefix('bmm_fp8 '):<26}" + "".join(
+            f"{c:>{w}.{d}f}" for c, w, d in zip(cells, (8, 8, 7, 8, 8, 10, 10), (1, 1, 2, 1, 1, 2, 2))))
+    return "\n".join(lines)
+
+
 def check_targets(results) -> list[dict]:
-    """Issue 7's targets, each from numbers measured in this run."""
+    """Issue 7's and 11's targets, each from numbers measured in this run."""
     out = []
     for row in results:
         h, g = row["host_us"], row["graph_us"]
-        if "sk.bmm_fp8 flashinfer" in h:
-            out.append({"what": f"{row['case']}: sk.bmm_fp8 flashinfer host us", "value": h["sk.bmm_fp8 flashinfer"],
-                        "limit": 20.0})
+        if "sk.bmm_fp8" in h and "flashinfer.bmm_fp8" in h:  # issue 11
+            out.append({"what": f"{row['case']}: sk.bmm_fp8 host us", "value": h["sk.bmm_fp8"], "limit": 20.0})
+            out.append({"what": f"{row['case']}: sk.bmm_fp8 host us vs 0.5x flashinfer.bmm_fp8",
+                        "value": h["sk.bmm_fp8"], "limit": 0.5 * h["flashinfer.bmm_fp8"]})
+            if "sk.bmm_fp8 public path" in h:  # what serves when the fast path is off
+                out.append({"what": f"{row['case']}: sk.bmm_fp8 public path host us vs flashinfer.bmm_fp8",
+                            "value": h["sk.bmm_fp8 public path"], "limit": h["flashinfer.bmm_fp8"]})
+        if "sk.bmm_fp8" in g and "flashinfer.bmm_fp8" in g:
+            out.append({"what": f"{row['case']}: sk.bmm_fp8 graph us vs flashinfer.bmm_fp8 + 0.1",
+                        "value": g["sk.bmm_fp8"], "limit": g["flashinfer.bmm_fp8"] + 0.1})
         for op in ("router", "fused_a"):
             label = f"sk.{op} jit"
             if label in h and "F.linear" in h:
@@ -203,9 +257,6 @@ def check_targets(results) -> list[dict]:
             if label in g and "backend fn jit" in g:
                 out.append({"what": f"{row['case']}: {label} graph us vs backend fn + 0.1", "value": g[label],
                             "limit": g["backend fn jit"] + 0.1})
-        if "sk.bmm_fp8 flashinfer" in g and "backend fn flashinfer" in g:
-            out.append({"what": f"{row['case']}: sk.bmm_fp8 graph us vs backend fn + 0.1",
-                        "value": g["sk.bmm_fp8 flashinfer"], "limit": g["backend fn flashinfer"] + 0.1})
     for t in out:
         t["met"] = t["value"] <= t["limit"]
     return out

@@ -1,19 +1,21 @@
 #!/usr/bin/env bash
 # One command on the GPU machine: install flashinfer (bundle) and the project, run the GPU
 # tests and the benchmarks, leave logs + JSON + PNG in $OUT (<= 8 files), print a summary last.
-#   bash benchmark/gpu_run.sh [STAGE ...]     stages: tests bench launch eager (default: all)
-# Needs .devwheels/ (python3 ../shared/device/make-bundle.py) carried with the command.
+#   [BUNDLE=.devwheels74] bash benchmark/gpu_run.sh [STAGE ...]   stages: tests bench launch eager aot (default: all)
+# Needs the flashinfer bundle BUNDLE (default .devwheels: python3 ../shared/device/make-bundle.py;
+# 0.7.4: FLASHINFER_VERSION=0.7.4 python3 ../shared/device/make-bundle.py .devwheels74) carried with the command.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/slim_out}; mkdir -p "$OUT"
 STAGES=${*:-tests bench launch eager aot}
+BUNDLE=${BUNDLE:-.devwheels}
 export PYTHONUNBUFFERED=1 FLASHINFER_WORKSPACE_BASE=/tmp/fiws FLASHINFER_CUDA_ARCH_LIST=9.0a MAX_JOBS=16
 export SLIM_KERNEL_CACHE_DIR=/tmp/slim_cache
 t0=$(date +%s)
 stamp() { echo "[gpu_run +$(( $(date +%s) - t0 ))s] $*"; }
 
-if ls .devwheels/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .devwheels/*.whl
+if ls "$BUNDLE"/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site "$BUNDLE"/*.whl
   export PYTHONPATH=/tmp/site
 fi
 # flashinfer JIT-builds each module on first use (30-50 s each): build the ones we use in the
@@ -27,6 +29,7 @@ stamp "installing slim-kernel"
 python3 -m pip install -q --no-build-isolation --no-deps . 2>&1 | tail -5
 LOG="$OUT/gpu_tests.log"  # info, flashinfer warm-up, pytest -m gpu, AOT baseline check (8-file limit)
 (cd /tmp && python3 -m slim_kernel info) | tee "$LOG"
+(cd /tmp && python3 -c "from slim_kernel.backends.flashinfer_fastpath import fast_path_state as s; print('bmm_fp8 fast path (probe):', s(probe=True))") | tee -a "$LOG"
 stamp "waiting for flashinfer modules"; wait "${warm_pids[@]}"; tee -a "$LOG" </tmp/warm_flashinfer.log
 
 summary=()
@@ -49,7 +52,7 @@ if [[ " $STAGES " == *" launch "* && -f benchmark/bench_launch.py ]]; then
 fi
 if [[ " $STAGES " == *" eager "* && -f benchmark/bench_eager.py ]]; then
   stamp "bench_eager"
-  python3 benchmark/bench_eager.py --json "$OUT/bench_eager.json" --png "$OUT/bench_eager.png" 2>&1 | tail -30
+  python3 benchmark/bench_eager.py --json "$OUT/bench_eager.json" --png "$OUT/bench_eager.png" 2>&1 | tail -40
 fi
 if [[ " $STAGES " == *" aot "* && -d csrc/aot_baseline ]]; then
   # Last: installing the AOT baseline replaces the shipped build in this environment.
