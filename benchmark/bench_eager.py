@@ -141,7 +141,8 @@ def cases():
         if jitb:
             v["sk.router jit"] = lambda h=h, Wr=Wr, out=out: sk.dsv3_router_gemm(h, Wr, torch.float32, out,
                                                                                 backend="jit")
-            v["backend fn jit"] = lambda h=h, Wr=Wr, out=out: jitb.dsv3_router_gemm(out, h, Wr)
+            fn = jitb.prepare_router((out, h, Wr), None)
+            v["backend fn jit"] = lambda h=h, Wr=Wr, out=out, fn=fn: fn(out, h, Wr)
         yield f"router M{m} E256 fp32", v
         a, Wa = torch.randn(m, 7168, device=DEV, dtype=torch.bfloat16), torch.randn(2112, 7168, device=DEV,
                                                                                     dtype=torch.bfloat16)
@@ -153,7 +154,8 @@ def cases():
                 a, Wa.t(), outa, backend="flashinfer")
         if jitb:
             v["sk.fused_a jit"] = lambda a=a, Wa=Wa, outa=outa: sk.dsv3_fused_a_gemm(a, Wa.t(), outa, backend="jit")
-            v["backend fn jit"] = lambda a=a, Wa=Wa, outa=outa: jitb.dsv3_fused_a_gemm(outa, a, Wa.t())
+            fn = jitb.prepare_fused_a((outa, a, Wa.t()), None)
+            v["backend fn jit"] = lambda a=a, Wa=Wa, outa=outa, fn=fn: fn(outa, a, Wa.t())
         yield f"fused_a M{m} N2112", v
 
 
