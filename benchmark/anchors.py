@@ -117,3 +117,11 @@ class Anchors:
             impls["sglang:fused_a"] = lambda w: (lambda: torch.ops.sglang.jit_dsv3_fused_a_gemm(x, w.t()))
         impls["torch"] = lambda w: (lambda: F.linear(x, w))
         return impls
+
+
+def warm_all(sglang_dir: str) -> None:
+    """Build every sglang module the GEMM benchmark times (benchmark/gpu_run.sh runs this in the background)."""
+    notes: list[str] = []
+    anchors = Anchors(notes, sglang_dir)
+    anchors.warm_sglang([(e, dt) for e in (256, 384) for dt in (torch.float32, torch.bfloat16)], 2112, 7168)
+    print("sglang modules:", "; ".join(notes) or "built")

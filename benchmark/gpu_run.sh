@@ -1,58 +1,72 @@
 #!/usr/bin/env bash
-# One command on the GPU machine: install flashinfer (bundle) and the project, run the GPU
-# tests and the benchmarks, leave logs + JSON + PNG in $OUT (<= 8 files), print a summary last.
-#   [BUNDLE=.devwheels74] bash benchmark/gpu_run.sh [STAGE ...]   stages: tests bench launch eager aot (default: all)
-# Needs the flashinfer bundle BUNDLE (default .devwheels: python3 ../shared/device/make-bundle.py;
-# 0.7.4: FLASHINFER_VERSION=0.7.4 python3 ../shared/device/make-bundle.py .devwheels74) carried with the command.
+# One command on the GPU machine: install the flashinfer bundle and the project, run the GPU tests
+# and the benchmarks, leave logs + JSON + PNG in $OUT (<= 8 files), print a summary last.
+#
+#   bash benchmark/gpu_run.sh BUNDLE [STAGE ...]    stages: tests bench eager ncu aot (default: tests bench eager)
+#
+# BUNDLE: the flashinfer wheel folder carried with the command (.devwheels for 0.7.2.post1:
+# `python3 ../shared/device/make-bundle.py`; .devwheels74 for 0.7.4: `FLASHINFER_VERSION=0.7.4
+# python3 ../shared/device/make-bundle.py .devwheels74`), or `none`. sglang's JIT kernels (the
+# anchors) are timed when .anchors/sglang_jit (a copy of ../shared/anchors/sglang_jit) is carried too.
 set -uo pipefail
 cd "$(dirname "$0")/.."
+BUNDLE=${1:?usage: bash benchmark/gpu_run.sh BUNDLE [STAGE ...]}
+shift
+STAGES=${*:-tests bench eager}
 OUT=${OUT:-/tmp/slim_out}; mkdir -p "$OUT"
-STAGES=${*:-tests bench launch eager aot}
-BUNDLE=${BUNDLE:-.devwheels}
 export PYTHONUNBUFFERED=1 FLASHINFER_WORKSPACE_BASE=/tmp/fiws FLASHINFER_CUDA_ARCH_LIST=9.0a MAX_JOBS=16
-export SLIM_KERNEL_CACHE_DIR=/tmp/slim_cache
+export SLIM_KERNEL_CACHE_DIR=/tmp/slim_cache CUDA_HOME=${CUDA_HOME:-/usr/local/cuda} SGLANG_JIT_CACHE_DIR=/tmp/sgl_jit
 t0=$(date +%s)
 stamp() { echo "[gpu_run +$(( $(date +%s) - t0 ))s] $*"; }
+LOG="$OUT/gpu_tests.log"  # info, warm-up, pytest -m gpu, AOT baseline check (the 8-file limit)
 
-if ls "$BUNDLE"/*.whl >/dev/null 2>&1; then
+if [[ "$BUNDLE" != none ]]; then
+  ls "$BUNDLE"/*.whl >/dev/null || { echo "no wheels in $BUNDLE"; exit 2; }
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site "$BUNDLE"/*.whl
   export PYTHONPATH=/tmp/site
 fi
-# flashinfer JIT-builds each module on first use (30-50 s each): build the ones we use in the
-# background while the project installs, into the same workspace the tests then reuse.
+SGLANG=""
+[[ -d .anchors/sglang_jit ]] && SGLANG=$PWD/.anchors/sglang_jit
+
+# flashinfer and sglang JIT-build each module on first use (10-50 s each): build the ones the run
+# needs in the background while the project installs and the tests run, into the caches they reuse.
 warm_pids=()
-for step in bmm_fp8 router tinygemm; do
-  python3 benchmark/warm_flashinfer.py $step >>/tmp/warm_flashinfer.log 2>&1 & warm_pids+=($!)
+for step in bmm_fp8 router rmsnorm tinygemm1 tinygemm1_pdl tinygemm16 tinygemm16_pdl; do
+  python3 benchmark/warm_flashinfer.py $step >>/tmp/warm.log 2>&1 & warm_pids+=($!)
 done
+if [[ -n "$SGLANG" ]]; then
+  (cd benchmark && python3 -c "from anchors import warm_all; warm_all('$SGLANG')") >>/tmp/warm.log 2>&1 & warm_pids+=($!)
+fi
 
 stamp "installing slim-kernel"
 python3 -m pip install -q --no-build-isolation --no-deps . 2>&1 | tail -5
-LOG="$OUT/gpu_tests.log"  # info, flashinfer warm-up, pytest -m gpu, AOT baseline check (8-file limit)
-(cd /tmp && python3 -m slim_kernel info) | tee "$LOG"
-(cd /tmp && python3 -c "from slim_kernel.backends.flashinfer_fastpath import fast_path_state as s; print('bmm_fp8 fast path (probe):', s(probe=True))") | tee -a "$LOG"
-stamp "waiting for flashinfer modules"; wait "${warm_pids[@]}"; tee -a "$LOG" </tmp/warm_flashinfer.log
+(cd /tmp && python3 -m slim_kernel info) >"$LOG" 2>&1; cat "$LOG"
+stamp "waiting for the flashinfer / sglang modules"; wait "${warm_pids[@]}"; tee -a "$LOG" </tmp/warm.log
 
 summary=()
 if [[ " $STAGES " == *" tests "* ]]; then
   stamp "pytest -m gpu"
-  python3 -m pytest tests -m gpu -q -p no:cacheprovider --maxfail=30 -o addopts="" -rfEs \
-      >/tmp/pytest_gpu.log 2>&1
+  python3 -m pytest tests -m gpu -q -p no:cacheprovider --maxfail=50 -o addopts="" -rfEs >/tmp/pytest_gpu.log 2>&1
   cat /tmp/pytest_gpu.log >>"$LOG"
+  grep -E "^(FAILED|ERROR)" /tmp/pytest_gpu.log | head -20
   summary+=("pytest -m gpu: $(tail -1 /tmp/pytest_gpu.log)")
   stamp "pytest done"
 fi
-if [[ " $STAGES " == *" bench "* && -f benchmark/bench_gemm.py ]]; then
-  stamp "bench_gemm"
-  python3 benchmark/bench_gemm.py --json "$OUT/bench_gemm.json" --png "$OUT/bench_gemm.png" 2>&1 | tail -40
-  python3 benchmark/bench_floor.py --json "$OUT/bench_floor.json" 2>&1 | tail -6
+if [[ " $STAGES " == *" bench "* ]]; then
+  stamp "bench_gemm (decode step + back to back)"
+  python3 benchmark/bench_gemm.py --json "$OUT/bench_gemm.json" --png "$OUT/bench_gemm.png" \
+      --table "$OUT/routing_sm90.json" ${SGLANG:+--sglang "$SGLANG"} 2>&1 | tee -a "$LOG" | tail -80
 fi
-if [[ " $STAGES " == *" launch "* && -f benchmark/bench_launch.py ]]; then
-  stamp "bench_launch"
-  python3 benchmark/bench_launch.py --json "$OUT/bench_launch.json" 2>&1 | tail -20
-fi
-if [[ " $STAGES " == *" eager "* && -f benchmark/bench_eager.py ]]; then
+if [[ " $STAGES " == *" eager "* ]]; then
   stamp "bench_eager"
-  python3 benchmark/bench_eager.py --json "$OUT/bench_eager.json" --png "$OUT/bench_eager.png" 2>&1 | tail -40
+  python3 benchmark/bench_eager.py --json "$OUT/bench_eager.json" --png "$OUT/bench_eager.png" 2>&1 | tee -a "$LOG" | tail -30
+fi
+if [[ " $STAGES " == *" ncu "* ]]; then
+  stamp "ncu profile"
+  ncu --clock-control none --profile-from-start off --nvtx --print-nvtx-rename kernel --csv \
+      --metrics "$(cd benchmark && python3 profile_gemm.py --metrics)" \
+      python3 benchmark/profile_gemm.py ${SGLANG:+--sglang "$SGLANG"} >"$OUT/ncu.csv" 2>>"$LOG"
+  python3 benchmark/ncu_table.py "$OUT/ncu.csv" 2>&1 | tee -a "$LOG" | tail -40
 fi
 if [[ " $STAGES " == *" aot "* && -d csrc/aot_baseline ]]; then
   # Last: installing the AOT baseline replaces the shipped build in this environment.
@@ -65,5 +79,4 @@ if [[ " $STAGES " == *" aot "* && -d csrc/aot_baseline ]]; then
   summary+=("aot baseline on GPU: $(tail -1 /tmp/aot_gpu.log)")
 fi
 stamp "done"
-grep -E "^(FAILED|ERROR)" "$LOG" 2>/dev/null | head -20
 printf '%s\n' "${summary[@]}"

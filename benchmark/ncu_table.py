@@ -1,0 +1,52 @@
+"""Summarise `ncu --csv` output of benchmark/profile_gemm.py: one line per profiled kernel.
+
+    python3 benchmark/ncu_table.py ncu.csv
+"""
+
+from __future__ import annotations
+
+import csv
+import sys
+from collections import defaultdict
+
+SHORT = {
+    "gpu__time_duration.sum": "us",
+    "dram__bytes_read.sum": "DRAM MB",
+    "dram__throughput.avg.pct_of_peak_sustained_elapsed": "DRAM %",
+    "lts__t_bytes.sum": "L2 MB",
+    "sm__throughput.avg.pct_of_peak_sustained_elapsed": "SM %",
+    "smsp__average_warps_issue_stalled_long_scoreboard_per_issue_active.ratio": "stall lsb",
+    "smsp__average_warps_issue_stalled_barrier_per_issue_active.ratio": "stall bar",
+    "launch__grid_size": "grid",
+    "launch__block_size": "block",
+}
+SCALE = {"gpu__time_duration.sum": ("nsecond", 1e-3), "dram__bytes_read.sum": ("byte", 1e-6),
+         "lts__t_bytes.sum": ("byte", 1e-6)}
+UNITS = {"usecond": 1e3, "msecond": 1e6, "nsecond": 1, "byte": 1, "Kbyte": 1e3, "Mbyte": 1e6, "Gbyte": 1e9}
+
+
+def main(path: str) -> int:
+    with open(path, newline="") as f:
+        lines = [line for line in f if line.startswith('"')]
+    rows = list(csv.DictReader(lines))
+    kernels: dict = defaultdict(dict)
+    for r in rows:
+        key = (r.get("ID"), r.get("Kernel Name", "?"))
+        name, unit, value = r.get("Metric Name"), r.get("Metric Unit", ""), r.get("Metric Value", "")
+        try:
+            v = float(value.replace(",", ""))
+        except ValueError:
+            continue
+        if name in SCALE:
+            base, factor = SCALE[name]
+            v = v * UNITS.get(unit, 1) / UNITS.get(base, 1) * factor
+        kernels[key][name] = v
+    cols = list(SHORT)
+    print(f"{'kernel (nvtx label)':<70}" + "".join(f"{SHORT[c]:>10}" for c in cols))
+    for (_, name), vals in kernels.items():
+        print(f"{name[:69]:<70}" + "".join(f"{vals.get(c, float('nan')):>10.2f}" for c in cols))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1]))
