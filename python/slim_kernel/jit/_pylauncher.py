@@ -163,8 +163,9 @@ _ENCODE: list = []
 
 
 def _encode_tiled():
-    """libcuda's cuTensorMapEncodeTiled through ctypes: cuda-python's CUtensorMap lives inside a
-    Python object, which is only 16-byte aligned, and the driver needs a 64-byte aligned map."""
+    """libcuda's cuTensorMapEncodeTiled through ctypes, writing into our aligned buffer: the driver
+    needs a 64-byte aligned map, and cuda.bindings.driver.cuTensorMapEncodeTiled encodes into a
+    CUtensorMap inside a Python object, which is only 16-byte aligned (seen with cuda-bindings 13.5)."""
     if not _ENCODE:
         fn = ctypes.CDLL("libcuda.so.1").cuTensorMapEncodeTiled
         u32p, u64p = ctypes.POINTER(ctypes.c_uint32), ctypes.POINTER(ctypes.c_uint64)

@@ -125,7 +125,7 @@ def tensor_map(ptr: int, dims: tuple[int, ...], strides_bytes: tuple[int, ...], 
     :data:`DTYPES`; ``swizzle`` none|32B|64B|128B; ``l2_promotion`` none|64B|128B|256B; ``oob``
     zero (out-of-bounds elements read as 0) or nan (floating-point dtypes). ``launcher`` picks
     native or python like :func:`slim_kernel.jit.get_kernel`. Needs the driver (initializes it),
-    not a context.
+    not a context. Each call is a driver call: encode once per tensor, not per launch.
 
     A row-major bf16 ``[M, K]`` tensor ``w``: ``tensor_map(w.data_ptr(), (K, M), (w.stride(0) * 2,), (64, 128))``.
     """
