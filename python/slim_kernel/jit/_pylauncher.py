@@ -2,7 +2,8 @@
 
 Used when the native module is absent (pure wheel) or ``SLIM_KERNEL_LAUNCHER=python``. Arguments
 are packed by the signature with one ``struct.pack_into`` into a parameter block whose address
-goes to ``cuLaunchKernelEx`` (no per-argument cuda-python marshalling).
+goes to ``cuLaunchKernelEx`` (no per-argument cuda-python marshalling). The block holds one
+8-byte slot per ``pilf`` parameter and 128 bytes, 128-byte aligned, per tensor map (``t``).
 """
 
 from __future__ import annotations
@@ -11,8 +12,12 @@ import ctypes
 import struct
 import threading
 
+from .spec import MAX_TENSOR_MAPS, TENSOR_MAP_BYTES
+
 DEFAULT_SMEM_LIMIT = 48 * 1024
-_SLOT = {"p": "Q", "i": "i4x", "l": "q", "f": "f4x"}  # one 8-byte slot per parameter
+_SLOT = {"p": "Q", "i": "i4x", "l": "q", "f": "f4x", "t": f"{TENSOR_MAP_BYTES}s"}
+# The driver documents 64-byte alignment for a CUtensorMap; CUDA 13's cuda.h declares it alignas(128).
+TENSOR_MAP_ALIGN = 128
 
 
 def _driver():
@@ -99,8 +104,26 @@ class _RelaxedCapture:
             self.cu.cuThreadExchangeStreamCaptureMode(self.previous)
 
 
+def layout(signature: str) -> tuple[str, tuple[int, ...], int]:
+    """``(struct format, offset of each parameter, block size)`` of the parameter block: an
+    8-byte slot per ``pilf`` parameter, a TENSOR_MAP_ALIGN-aligned 128-byte one per ``t``."""
+    fmt, offsets, size = "<", [], 0
+    for code in signature:
+        if code == "t" and size % TENSOR_MAP_ALIGN:
+            pad = -size % TENSOR_MAP_ALIGN
+            fmt, size = fmt + f"{pad}x", size + pad
+        fmt += _SLOT[code]
+        offsets.append(size)
+        size += TENSOR_MAP_BYTES if code == "t" else 8
+    return fmt, tuple(offsets), size
+
+
+def _is_tensor_map(value) -> bool:
+    return isinstance(value, bytes) and len(value) == TENSOR_MAP_BYTES
+
+
 def pack_args(signature: str, args: tuple) -> bytes:
-    """The 8-byte parameter slots (same layout as ``_native.pack_args``)."""
+    """The parameter block of :func:`layout` (same bytes as ``_native.pack_args``)."""
     if not isinstance(args, tuple):
         raise TypeError("args must be a tuple")
     if len(args) != len(signature):
@@ -108,27 +131,83 @@ def pack_args(signature: str, args: tuple) -> bytes:
     for i, (code, value) in enumerate(zip(signature, args)):
         if code == "p" and not isinstance(value, int):
             raise TypeError(f"kernel argument {i} (signature 'p') must be an int device pointer (tensor.data_ptr())")
+        if code == "t":
+            if not _is_tensor_map(value):
+                got = f"{len(value)} bytes" if isinstance(value, bytes) else type(value).__name__
+                raise TypeError(f"kernel argument {i} (signature 't') must be a TensorMap (jit.tensor_map) or "
+                                f"{TENSOR_MAP_BYTES} bytes, got {got}")
+            continue
         try:
             struct.pack("<" + _SLOT[code], value)
         except struct.error as exc:
             raise TypeError(f"kernel argument {i} (signature '{code}') is invalid: {exc}") from None
-    return struct.pack("<" + "".join(_SLOT[c] for c in signature), *args)
+    return struct.pack(layout(signature)[0], *args)
+
+
+def check_signature(signature: str) -> None:
+    if set(signature) - set(_SLOT):
+        raise ValueError(f"signature {signature} has a code outside 'pilft'")
+    if signature.count("t") > MAX_TENSOR_MAPS:
+        raise ValueError(f"signature {signature} has more than {MAX_TENSOR_MAPS} tensor maps ('t')")
+
+
+def _init(cu) -> None:
+    try:
+        init = cu.cuInit(0)
+    except Exception as exc:  # noqa: BLE001 - cuda-python raises its own types when libcuda is missing
+        raise RuntimeError(f"slim_kernel: cannot initialize the CUDA driver: {type(exc).__name__}: {exc}") from exc
+    _check(cu, init, "cuInit")
+
+
+_ENCODE: list = []
+
+
+def _encode_tiled():
+    """libcuda's cuTensorMapEncodeTiled through ctypes, writing into our aligned buffer: the driver
+    needs a 64-byte aligned map, and cuda.bindings.driver.cuTensorMapEncodeTiled encodes into a
+    CUtensorMap inside a Python object, which is only 16-byte aligned (seen with cuda-bindings 13.5)."""
+    if not _ENCODE:
+        fn = ctypes.CDLL("libcuda.so.1").cuTensorMapEncodeTiled
+        u32p, u64p = ctypes.POINTER(ctypes.c_uint32), ctypes.POINTER(ctypes.c_uint64)
+        fn.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_uint32, ctypes.c_void_p, u64p, u64p, u32p, u32p,
+                       ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int]
+        fn.restype = ctypes.c_int
+        _ENCODE.append(fn)
+    return _ENCODE[0]
+
+
+def encode_tensor_map(dtype: int, ptr: int, dims, strides, box, swizzle: int, l2_promotion: int, oob: int) -> bytes:
+    """``cuTensorMapEncodeTiled`` with element strides 1 and no interleave -> the 128 bytes
+    (same arguments as ``_native.encode_tensor_map``; ``slim_kernel.jit.tensor_map`` checks them)."""
+    rank = len(dims)
+    if not 1 <= rank <= 5 or len(strides) != rank - 1 or len(box) != rank:
+        raise ValueError(f"tensor map rank {rank}: need 1..5 dims, rank-1 strides and rank box entries")
+    cu = _driver()
+    _init(cu)
+    storage = ctypes.create_string_buffer(TENSOR_MAP_BYTES + TENSOR_MAP_ALIGN)
+    address = ctypes.addressof(storage)
+    address += -address % TENSOR_MAP_ALIGN
+    u32, u64 = ctypes.c_uint32, ctypes.c_uint64
+    err = _encode_tiled()(address, dtype, rank, ptr, (u64 * rank)(*dims), (u64 * max(rank - 1, 1))(*strides),
+                          (u32 * rank)(*box), (u32 * rank)(*[1] * rank), 0, swizzle, l2_promotion, oob)
+    if err:
+        try:
+            err = cu.CUresult(err)
+        except ValueError:
+            pass
+        raise RuntimeError(f"slim_kernel: cuTensorMapEncodeTiled failed: {_name(cu, err)}")
+    return ctypes.string_at(address, TENSOR_MAP_BYTES)
 
 
 class Kernel:
     """One function of one cubin, loaded into device ``device``'s primary context."""
 
     def __init__(self, cubin: bytes, entry: str, signature: str, device: int):
-        if set(signature) - set(_SLOT):
-            raise ValueError(f"signature {signature} has a code outside 'pilf'")
+        check_signature(signature)
         cu = _driver()
         self._cu = cu
         self.entry, self.signature, self.device = entry, signature, device
-        try:
-            init = cu.cuInit(0)
-        except Exception as exc:  # noqa: BLE001 - cuda-python raises its own types when libcuda is missing
-            raise RuntimeError(f"slim_kernel: cannot initialize the CUDA driver: {type(exc).__name__}: {exc}") from exc
-        _check(cu, init, "cuInit")
+        _init(cu)
         with _RelaxedCapture(cu):
             dev = _check(cu, cu.cuDeviceGet(device), "cuDeviceGet")
             self._ctx = _check(cu, cu.cuDevicePrimaryCtxRetain(dev), "cuDevicePrimaryCtxRetain")
@@ -139,8 +218,9 @@ class Kernel:
                                     f"cuModuleGetFunction({entry})")
         self._smem_limit = 0
         self._non_portable = False
-        self._n = len(signature)
-        self._fmt = struct.Struct("<" + "".join(_SLOT[c] for c in signature))
+        fmt, self._offsets, self._size = layout(signature)
+        self._fmt = struct.Struct(fmt)
+        self._maps = tuple(i for i, c in enumerate(signature) if c == "t")
         self._configs: dict = {}  # (grid, block, stream, smem, pdl, cluster) -> CUlaunchConfig
         self._local = threading.local()  # per-thread parameter block (the driver copies it at launch)
 
@@ -154,15 +234,18 @@ class Kernel:
             return _check(cu, cu.cuFuncGetAttribute(cu.CUfunction_attribute(attr), self._func), "cuFuncGetAttribute")
 
     def _params(self):
+        """This thread's ``(storage, offset of the aligned block in it, address of the pointer array)``."""
         local = self._local
         try:
-            return local.storage, local.address
+            return local.storage, local.offset, local.address
         except AttributeError:
-            local.storage = storage = ctypes.create_string_buffer(max(8 * self._n, 8))
+            local.storage = storage = ctypes.create_string_buffer(max(self._size, 8) + TENSOR_MAP_ALIGN)
             base = ctypes.addressof(storage)
-            local.params = (ctypes.c_void_p * max(self._n, 1))(*[base + 8 * i for i in range(self._n)])
+            local.offset = -base % TENSOR_MAP_ALIGN
+            base += local.offset
+            local.params = (ctypes.c_void_p * max(len(self._offsets), 1))(*[base + o for o in self._offsets])
             local.address = ctypes.addressof(local.params)
-            return storage, local.address
+            return storage, local.offset, local.address
 
     def _config(self, key, grid, block, stream, smem, pdl, cluster):
         """Build (and cache) the launch config; raise the function's limits the first time needed."""
@@ -215,11 +298,14 @@ class Kernel:
             cfg = self._config(key, grid, block, stream, smem, pdl, cluster)[0]
         except TypeError:  # unhashable (lists): build without caching
             cfg = self._config(None, grid, block, stream, smem, pdl, cluster)[0]
-        storage, params = self._params()
+        storage, offset, params = self._params()
         try:
             if type(args) is not tuple:
                 raise TypeError
-            self._fmt.pack_into(storage, 0, *args)
+            self._fmt.pack_into(storage, offset, *args)
+            # struct's "128s" pads or truncates, and takes bytearrays: tensor maps are checked here
+            if self._maps and not all(_is_tensor_map(args[i]) for i in self._maps):
+                raise TypeError
         except (struct.error, TypeError):
             pack_args(self.signature, args)  # raises the error naming the argument
             raise
