@@ -181,7 +181,7 @@ def test_progress_bar_only_on_a_terminal(cache_dir, capsys, monkeypatch, small_c
     tty = _Tty()
     monkeypatch.setattr(sys, "stderr", tty)
     assert cli.main(["precompile", "--arch", "9.0a", "-j", "1", *flags]) == 0
-    assert ("compiling" in tty.getvalue()) is bar and ("4/4" in tty.getvalue()) is bar
+    assert ("compiling" in tty.getvalue()) is bar and ("/4 [" in tty.getvalue()) is bar  # tqdm throttles redraws
     assert _summary(capsys.readouterr().out)["compiled"] == 4
 
 
