@@ -116,7 +116,7 @@ def _fast_path() -> dict:
 def collect() -> tuple[dict, list[str]]:
     import torch
 
-    from . import __version__, registry
+    from . import __version__, ops, registry  # noqa: F401  (importing ops registers their backends)
     from .jit import runtime_info
     from .names import OPS
 
