@@ -38,18 +38,15 @@ def test_instances_are_unique_and_bucketed():
     nts = {dict(i.defines).get("SK_NT") for op, i in pairs if dict(i.defines)["SK_FAMILY"] != 1}
     assert nts == {1, 2, 4, 8}
     mts = {dict(i.defines)["SK_MT"] for op, i in pairs if dict(i.defines)["SK_FAMILY"] == 1}
-    assert mts == {1, 2, 4, 8}
+    assert mts == {1, 2, 4, 8, 16}
     assert {op for op, _ in pairs} == {ROUTER, FUSED_A}
-    tma = [i for op, i in pairs if dict(i.defines)["SK_FAMILY"] == 2]
-    assert tma and all(i.signature == cat.TMA_SIGNATURE and op == FUSED_A for op, i in
-                       ((o, i) for o, i in pairs if i in tma))
+    assert {op for op, i in pairs if dict(i.defines)["SK_FAMILY"] == 1} == {ROUTER}
 
 
 def test_geometry():
     assert cat.Skinny(rt=4, warps=4).geometry(2112, 7168, 132)[0] == (33, 4, 1)
     assert cat.Skinny(rt=1, warps=4).geometry(256, 7168, 132) == ((16, 8, 1), (128, 1, 1), (1, 8, 1))
     assert cat.Narrow(rows=3).geometry(384, 7168, 132) == ((128, 1, 1), (448, 1, 1), None)
-    assert cat.Tma(warps=8).geometry(2112, 7168, 132) == ((132, 1, 1), (288, 1, 1), None)
     assert cat.Skinny(stages=16, warps=8).stages_for(9) < 16 <= cat.Skinny(stages=16, warps=8).stages_for(1) + 1
 
 
@@ -58,7 +55,7 @@ def test_rules_parse_and_reject():
     assert rules[0] == (8, cat.Narrow(rows=3)) and rules[1] == (64, cat.Skinny(rt=1, stages=8))
     assert cat.rule_for(rules, 9) == cat.Skinny(rt=1, stages=8)
     for bad, match in [("rt=0", "rt 1..8"), ("8:rt=1", "cover M up to"), ("foo=1", "keys of kernel=skinny"),
-                       ("kernel=tma", "does not serve"), ("kernel=narrow", "serves M <= 8"),
+                       ("kernel=narrow,tokens=8", "serves M <= 8"), ("kernel=narrow,tokens=9", "tokens 8 or 16"),
                        ("kernel=bogus", "kernel must be one of"), ("rt=x", "want an integer"), ("x:rt=1", "MAXM")]:
         with pytest.raises(ValueError, match=match):
             cat.parse_rules(bad, ROUTER)
@@ -75,7 +72,7 @@ def test_env_rules_are_checked_when_a_call_is_planned(monkeypatch):
     jb._RULES.pop(ROUTER, None)
     monkeypatch.delenv(jb.env_var(ROUTER))
     assert jb.config_for(ROUTER, 3, "narrow_r2") == ("narrow_r2", cat.VARIANTS[ROUTER]["narrow_r2"])
-    assert jb.config_for(ROUTER, 12, "narrow_r2")[0] == cat.FALLBACK_VARIANT  # narrow cannot serve M=12
+    assert jb.config_for(ROUTER, 20, "narrow_r2")[0] == cat.FALLBACK_VARIANT  # narrow cannot serve M=20
     assert jb.config_for(ROUTER, 3, "gone")[0] == cat.FALLBACK_VARIANT
 
 
@@ -96,15 +93,13 @@ def test_smem_formulas_match_the_kernels(tmp_path):
                 d = dict(cfg.instance(op, m, cat.OUT_DTYPES[op][0]).defines)
                 if isinstance(cfg, cat.Skinny):
                     expr = f"slim::skinny_smem_bytes({d['SK_RT']}, {d['SK_NT']}, {d['SK_STAGES']}, {cfg.warps})"
-                elif isinstance(cfg, cat.Narrow):
-                    expr = f"slim::narrow_smem_bytes({d['SK_ROWS']}, {d['SK_MT']}, {d['SK_THREADS']})"
                 else:
-                    expr = f"slim::tma_smem_bytes({d['SK_NT']}, {d['SK_KC']}, {d['SK_STAGES']}, {d['SK_CW']})"
+                    expr = f"slim::narrow_smem_bytes({d['SK_ROWS']}, {d['SK_MT']}, {d['SK_THREADS']})"
                 cases.append((expr, cfg.smem(m)))
     src = tmp_path / "formulas.cu"
     body = "\n".join(f'    printf("%d\\n", {expr});' for expr, _ in cases)
     src.write_text('#include <cstdio>\n#include "skinny_gemm.cuh"\n#include "narrow_gemm.cuh"\n'
-                   f'#include "tma_gemm.cuh"\nint main() {{\n{body}\n    return 0;\n}}\n')
+                   f'int main() {{\n{body}\n    return 0;\n}}\n')
     exe = tmp_path / "formulas"
     proc = subprocess.run([_nvcc(), "-std=c++17", "-I", str(KERNELS), str(src), "-o", str(exe)],
                           capture_output=True, text=True, timeout=300)

@@ -24,8 +24,6 @@ from ..names import FUSED_A, ROUTER
 _INT32_MAX = 2**31 - 1
 _RULES: dict[str, cat.Rules | None] = {}  # op -> rules set at run time or from the environment
 _SM_COUNT: dict[int, int] = {}
-_MAPS: dict[tuple, object] = {}  # tensor maps by (ptr, rows, k, row stride, box rows)
-_MAX_MAPS = 4096
 
 
 def env_var(op: str) -> str:
@@ -74,20 +72,6 @@ except ImportError:  # pragma: no cover - older/newer torch
         return torch.cuda.current_stream(device_index).cuda_stream
 
 
-def _tensor_map(ptr: int, rows: int, k: int, row_stride: int, box_rows: int):
-    """The bf16 (rows, k) tensor map with (box_rows x 64) boxes, 128-byte swizzle, cached by address."""
-    key = (ptr, rows, k, row_stride, box_rows)
-    tmap = _MAPS.get(key)
-    if tmap is None:
-        from ..jit import tensor_map
-
-        if len(_MAPS) >= _MAX_MAPS:
-            _MAPS.clear()
-        tmap = _MAPS[key] = tensor_map(ptr, (k, rows), (row_stride * 2,), (64, box_rows), dtype="bf16",
-                                       swizzle="128B", l2_promotion="256B", oob="zero")
-    return tmap
-
-
 def _prepare(op: str, output: torch.Tensor, act: torch.Tensor, n: int, ldw: int, variant: str | None):
     """fn(output, act, w) launching the configured kernel for this call signature."""
     from ..jit import get_kernel
@@ -104,13 +88,6 @@ def _prepare(op: str, output: torch.Tensor, act: torch.Tensor, n: int, ldw: int,
     launch, pdl = kernel.launch, knobs.pdl()
     lda = act.stride(0) if m > 1 else k
     ldo = output.stride(0)
-    if isinstance(cfg, cat.Tma):
-        box = 8 * cat.token_tiles(m)
-
-        def run_tma(output, act, w):
-            launch(grid, block, (_tensor_map(w.data_ptr(), n, k, ldw, 16), _tensor_map(act.data_ptr(), m, k, lda, box),
-                                 output.data_ptr(), m, n, k, ldo), stream=_raw_stream(dev), smem=smem, pdl=pdl)
-        return run_tma
 
     def run(output, act, w):
         launch(grid, block, (act.data_ptr(), w.data_ptr(), output.data_ptr(), m, n, k, lda, ldw, ldo),

@@ -6,8 +6,10 @@ bf16 out; fused-A: W = ``mat_b.T``, bf16 out), served by three kernel families w
 in ``kernels/`` (design notes there):
 
   skinny  per-thread cp.async ring, swap-AB mma.sync, split-K over warps and a cluster (both ops)
-  narrow  a CTA per few rows over the whole K, CUDA-core FMAs, no cluster (router, M <= 8)
-  tma     tensor-map copies into an mbarrier ring, swap-AB mma.sync, 16 rows per CTA (fused-A)
+  narrow  a CTA per few rows over the whole K, CUDA-core FMAs, no cluster (router, M <= 16)
+
+(A tensor-map/mbarrier design for fused-A lost on the H200 by 1.5-4 us at every M and was
+removed; benchmark/results/h200/NOTES_kernels.md has its numbers and profile.)
 
 A family config is a frozen dataclass with ``instance(op, m, out_dtype)``, ``geometry(n, k,
 sm_count)`` and ``smem(m)`` (mirrors of the ``*_smem_bytes`` formulas in the ``.cuh`` files; the
@@ -23,7 +25,7 @@ from dataclasses import dataclass, fields
 from ..names import FUSED_A, ROUTER
 from .spec import KernelInstance
 
-MAX_M = 64  # the JIT window: skinny and tma take up to 8 token tiles of 8
+MAX_M = 64  # the JIT window: skinny takes up to 8 token tiles of 8
 VEC = 8  # bf16 elements per 16-byte load: K and row strides must be multiples of this
 MAX_CLUSTER = 8  # portable cluster size: the most split=0 picks
 MAX_SPLIT = 16  # explicit split may use non-portable clusters (kMaxSplit in kernels/reduce.cuh)
@@ -31,9 +33,8 @@ MAX_SMEM = 227 * 1024
 OUT_DTYPES = {ROUTER: ("float32", "bfloat16"), FUSED_A: ("bfloat16",)}
 SOURCES = {ROUTER: ("dsv3_router_gemm.cuh", "dsv3_router_gemm_kernel"),
            FUSED_A: ("dsv3_fused_a_gemm.cuh", "dsv3_fused_a_gemm_kernel")}
-# Launch-argument signatures: act, w, out, M, N, K, ld_act, ld_w, ld_out / w map, act map, out, M, N, K, ld_out
+# Launch-argument signature: act, w, out, M, N, K, ld_act, ld_w, ld_out
 POINTER_SIGNATURE = "pppiiiiii"
-TMA_SIGNATURE = "ttpiiii"
 
 
 def token_tiles(m: int) -> int:
@@ -92,17 +93,19 @@ class Narrow:
     rows: int = 2  # output rows per CTA (compile-time)
     cpt: int = 2  # 16-byte chunks per thread per row and round (compile-time)
     threads: int = 448  # block size (compile-time: K = 7168 is one round of 448 x 2 chunks)
+    tokens: int = 16  # the largest M served, 8 or 16 (more rows x tokens spill at 448 threads)
 
     def __post_init__(self):
-        _check(1 <= self.rows <= 8 and 1 <= self.cpt <= 4 and self.threads % 32 == 0 and 32 <= self.threads <= 1024,
-               self, "need rows 1..8, cpt 1..4, threads a multiple of 32 in 32..1024")
+        _check(1 <= self.rows <= 8 and 1 <= self.cpt <= 4 and self.threads % 32 == 0 and 32 <= self.threads <= 1024
+               and self.tokens in (8, 16), self,
+               "need rows 1..8, cpt 1..4, threads a multiple of 32 in 32..1024, tokens 8 or 16")
 
     def max_m(self) -> int:
-        return 8
+        return self.tokens
 
     def instance(self, op: str, m: int, out_dtype: str) -> KernelInstance:
-        if m > 8:
-            raise ValueError(f"the narrow kernel serves M <= 8, got M={m}")
+        if m > self.tokens:
+            raise ValueError(f"this narrow kernel serves M <= {self.tokens}, got M={m}")
         return _make(op, out_dtype, SK_FAMILY=1, SK_ROWS=self.rows, SK_MT=_mt(m), SK_CPT=self.cpt,
                      SK_THREADS=self.threads)
 
@@ -113,41 +116,8 @@ class Narrow:
         return self.rows * _mt(m) * self.threads * 4
 
 
-@dataclass(frozen=True)
-class Tma:
-    kernel = "tma"
-    ops = (FUSED_A,)
-    kc: int = 512  # k per ring stage, a multiple of the 64-wide box (compile-time)
-    stages: int = 8  # ring depth (compile-time)
-    warps: int = 8  # consumer warps; one producer warp more (compile-time)
-
-    def __post_init__(self):
-        _check(64 <= self.kc <= 2048 and self.kc % 64 == 0 and 2 <= self.stages <= 16 and 1 <= self.warps <= 16,
-               self, "need kc 64..2048 in steps of 64, stages 2..16, warps 1..16")
-
-    def max_m(self) -> int:
-        return MAX_M
-
-    def stages_for(self, m: int) -> int:
-        """``stages``, or fewer where the ring of M's token tiles would not fit in shared memory."""
-        nt = token_tiles(m)
-        fixed = 1024 + _partials(1, nt, self.warps)
-        return max(2, min(self.stages, (MAX_SMEM - fixed) // ((self.kc // 64) * (16 + 8 * nt) * 128 + 16)))
-
-    def instance(self, op: str, m: int, out_dtype: str) -> KernelInstance:
-        return _make(op, out_dtype, signature=TMA_SIGNATURE, SK_FAMILY=2, SK_NT=token_tiles(m), SK_KC=self.kc,
-                     SK_STAGES=self.stages_for(m), SK_CW=self.warps)
-
-    def geometry(self, n: int, k: int, sm_count: int) -> tuple[tuple, tuple, tuple | None]:
-        return (_cdiv(n, 16), 1, 1), (32 * (self.warps + 1), 1, 1), None
-
-    def smem(self, m: int) -> int:  # tma_smem_bytes in kernels/tma_gemm.cuh
-        nt, stages = token_tiles(m), self.stages_for(m)
-        return 1024 + stages * (self.kc // 64) * (16 + 8 * nt) * 128 + stages * 16 + _partials(1, nt, self.warps)
-
-
-GemmConfig = Skinny | Narrow | Tma
-FAMILIES: dict[str, type] = {cls.kernel: cls for cls in (Skinny, Narrow, Tma)}
+GemmConfig = Skinny | Narrow
+FAMILIES: dict[str, type] = {cls.kernel: cls for cls in (Skinny, Narrow)}
 
 
 def _partials(rt: int, nt: int, warps: int) -> int:  # partials_bytes in kernels/reduce.cuh
@@ -155,7 +125,7 @@ def _partials(rt: int, nt: int, warps: int) -> int:  # partials_bytes in kernels
 
 
 def _mt(m: int) -> int:
-    return 1 if m <= 1 else 2 if m <= 2 else 4 if m <= 4 else 8
+    return 1 if m <= 1 else 2 if m <= 2 else 4 if m <= 4 else 8 if m <= 8 else 16
 
 
 def _make(op: str, out_dtype: str, signature: str = POINTER_SIGNATURE, **defines) -> KernelInstance:
@@ -226,17 +196,14 @@ VARIANTS: dict[str, dict[str, GemmConfig]] = {
     ROUTER: {
         "skinny": Skinny(rt=1, stages=8, warps=4, split=0),
         "skinny_c4": Skinny(rt=1, stages=8, warps=4, split=4),
-        "narrow_r1": Narrow(rows=1, cpt=2, threads=448),
-        "narrow_r2": Narrow(rows=2, cpt=2, threads=448),
-        "narrow_r3": Narrow(rows=3, cpt=2, threads=448),
-        "narrow_r2t224": Narrow(rows=2, cpt=4, threads=224),
+        "narrow_r1": Narrow(rows=1, cpt=2, threads=448, tokens=16),
+        "narrow_r2": Narrow(rows=2, cpt=2, threads=448, tokens=16),
+        "narrow_r3": Narrow(rows=3, cpt=2, threads=448, tokens=8),
     },
     FUSED_A: {
         "skinny": Skinny(rt=1, stages=8, warps=8, split=1),
-        "skinny_s16": Skinny(rt=1, stages=16, warps=8, split=1),
-        "tma_kc512_s8": Tma(kc=512, stages=8, warps=8),
-        "tma_kc256_s12": Tma(kc=256, stages=12, warps=8),
-        "tma_kc512_s6w4": Tma(kc=512, stages=6, warps=4),
+        "skinny_w4c2": Skinny(rt=1, stages=12, warps=4, split=2),
+        "skinny_w10": Skinny(rt=1, stages=6, warps=10, split=1),
     },
 }
 FALLBACK_VARIANT = "skinny"  # serves every M of both ops: the choice where nothing was measured

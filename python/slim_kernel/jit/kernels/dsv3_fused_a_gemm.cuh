@@ -1,27 +1,21 @@
 // dsv3_fused_a_gemm: out(M, N) bf16 = mat_a(M, K) bf16 @ mat_b(K, N), mat_b column-major, i.e. the
 // contiguous (N, K) weight W read row by row; fp32 accumulation. M <= 16, K % 8 == 0, any N
 // (7168 -> 2112 tuned: 2112 / 16 = 132 row tiles, one 16-row CTA per H200 SM).
-// Kernel bodies: skinny_gemm.cuh (SK_FAMILY 0) and tma_gemm.cuh (2); design notes there.
+// Kernel body: skinny_gemm.cuh (SK_FAMILY 0, the only family for fused-A); design notes there.
 // Instances, launch geometry and shared memory: slim_kernel/jit/catalogue.py.
 // slim:limits max_registers=168 max_spill_bytes=0 max_smem_static=0
 //
 // Compile-time parameters (-D), all passed by the catalogue:
-//   SK_FAMILY   0 skinny, 2 tma
-//   skinny: SK_NT (token tiles of 8), SK_RT (16-row weight tiles per CTA), SK_STAGES (cp.async ring depth)
-//   tma:    SK_NT, SK_KC (k per stage), SK_STAGES (ring depth), SK_CW (consumer warps)
+//   SK_FAMILY   0 skinny
+//   SK_NT (token tiles of 8), SK_RT (16-row weight tiles per CTA), SK_STAGES (cp.async ring depth)
 #include "skinny_gemm.cuh"
-#include "tma_gemm.cuh"
 
-#if SK_FAMILY == 2
-extern "C" __global__ void __launch_bounds__(32 * (SK_CW + 1), 1)
-dsv3_fused_a_gemm_kernel(const __grid_constant__ slim::TmaDesc weight_map, const __grid_constant__ slim::TmaDesc mat_a_map,
-                         __nv_bfloat16* __restrict__ out, int M, int N, int K, int ld_out) {
-    slim::tma_gemm<SK_NT, SK_KC, SK_STAGES, SK_CW, true>(&weight_map, &mat_a_map, out, M, N, K, ld_out);
-}
-#else
+#if SK_FAMILY != 0
+#error "dsv3_fused_a_gemm has only the skinny kernel (SK_FAMILY 0)"
+#endif
+
 extern "C" __global__ void __launch_bounds__(320, 1)
 dsv3_fused_a_gemm_kernel(const __nv_bfloat16* __restrict__ mat_a, const __nv_bfloat16* __restrict__ weight,
                          __nv_bfloat16* __restrict__ out, int M, int N, int K, int ld_a, int ld_weight, int ld_out) {
     slim::skinny_gemm<SK_RT, SK_NT, SK_STAGES, true>(mat_a, weight, out, M, N, K, ld_a, ld_weight, ld_out);
 }
-#endif

@@ -1,4 +1,4 @@
-// narrow_gemm: out(M, N) = act(M, K) @ W(N, K)^T for few tokens (M <= MT <= 8), fp32 accumulation.
+// narrow_gemm: out(M, N) = act(M, K) @ W(N, K)^T for few tokens (M <= MT <= 16), fp32 accumulation.
 //
 // A CTA owns ROWS (1..8) output rows over the whole K, so no CTA waits for another: no cluster,
 // no cross-CTA reduction, one short chain from launch to store (the router at M <= ~4, where
@@ -6,7 +6,8 @@
 //  * Thread tid owns the 16-byte chunks c = tid + j*THREADS (j < CPT) of every row: all of the
 //    CTA's weight bytes are requested at entry, before griddepcontrol.wait (PDL), one round of
 //    THREADS*CPT chunks at a time (one round covers K <= 8*CPT*THREADS).
-//  * Tokens are read after the wait, fp32 FMAs on CUDA cores (ROWS*M*K per CTA: tiny for M <= 8).
+//  * Tokens are read after the wait, in batches of up to 8 whose loads all issue before their fp32
+//    FMAs (CUDA cores; ROWS*M*K per CTA is small for few rows and tokens).
 //  * Reduction in a fixed order: every thread's ROWS*M partials go to shared memory (value-major,
 //    conflict-free), then warp w sums outputs w, w+WARPS, ...: each lane adds WARPS partials,
 //    then a butterfly over the lanes. Repeated runs are bit-identical.
@@ -32,8 +33,9 @@ __device__ __forceinline__ void bf16x8_to_f32(const unsigned (&v)[4], float (&f)
 template <int ROWS, int MT, int CPT, int THREADS, bool OUT_BF16>
 __device__ __forceinline__ void narrow_gemm(const __nv_bfloat16* __restrict__ act, const __nv_bfloat16* __restrict__ w,
                                             void* __restrict__ out, int M, int N, int K, int lda, int ldw, int ldo) {
-    static_assert(ROWS >= 1 && ROWS <= 8 && MT >= 1 && MT <= 8 && CPT >= 1 && THREADS % 32 == 0, "bad narrow config");
+    static_assert(ROWS >= 1 && ROWS <= 8 && MT >= 1 && MT <= 16 && CPT >= 1 && THREADS % 32 == 0, "bad narrow config");
     constexpr int WARPS = THREADS / 32;
+    constexpr int TB = MT <= 8 ? MT : 4;  // tokens per load batch (16 tokens in 4: no spills at 448 threads)
     extern __shared__ __align__(16) float red[];  // [ROWS * MT][THREADS]
 
     pdl_launch_dependents();
@@ -64,31 +66,37 @@ __device__ __forceinline__ void narrow_gemm(const __nv_bfloat16* __restrict__ ac
                 }
             }
         if (c0 == 0) pdl_wait();  // weights are parameters; the activation is the previous grid's output
+        // Tokens in batches of TB: every load of a batch is issued before its FMAs, so a batch
+        // costs one L2 round trip, not one per token.
 #pragma unroll
-        for (int m = 0; m < MT; ++m) {
-            if (m >= m_used) break;
-            unsigned xv[CPT][4];
+        for (int m0 = 0; m0 < MT; m0 += TB) {
+            if (m0 >= m_used) break;
+            unsigned xv[TB][CPT][4];
 #pragma unroll
-            for (int j = 0; j < CPT; ++j) {
-                const int c = c0 + j * THREADS + tid;
-                if (c < nchunk) {
-                    ldg_nc128(act + (long long)m * lda + 8 * c, xv[j]);
-                } else {
-                    xv[j][0] = xv[j][1] = xv[j][2] = xv[j][3] = 0u;
+            for (int i = 0; i < TB; ++i)
+#pragma unroll
+                for (int j = 0; j < CPT; ++j) {
+                    const int c = c0 + j * THREADS + tid;
+                    if (m0 + i < m_used && c < nchunk) {
+                        ldg_nc128(act + (long long)(m0 + i) * lda + 8 * c, xv[i][j]);
+                    } else {
+                        xv[i][j][0] = xv[i][j][1] = xv[i][j][2] = xv[i][j][3] = 0u;
+                    }
                 }
-            }
 #pragma unroll
-            for (int j = 0; j < CPT; ++j) {
-                float xf[8];
-                bf16x8_to_f32(xv[j], xf);
+            for (int j = 0; j < CPT; ++j)
 #pragma unroll
                 for (int r = 0; r < ROWS; ++r) {
                     float wf[8];
                     bf16x8_to_f32(wv[r][j], wf);
 #pragma unroll
-                    for (int e = 0; e < 8; ++e) acc[r][m] = fmaf(wf[e], xf[e], acc[r][m]);
+                    for (int i = 0; i < TB; ++i) {
+                        float xf[8];
+                        bf16x8_to_f32(xv[i][j], xf);
+#pragma unroll
+                        for (int e = 0; e < 8; ++e) acc[r][m0 + i] = fmaf(wf[e], xf[e], acc[r][m0 + i]);
+                    }
                 }
-            }
         }
     }
 

@@ -1,6 +1,6 @@
-// PTX wrappers shared by the GEMM bodies (skinny_gemm.cuh, narrow_gemm.cuh, tma_gemm.cuh).
+// PTX wrappers shared by the GEMM bodies (skinny_gemm.cuh, narrow_gemm.cuh).
 // Device code only, no host code and no std headers: NVRTC, nvcc -cubin and the AOT baseline
-// all compile it. Everything here needs SM >= 9.0 (griddepcontrol, clusters, TMA).
+// all compile it. Everything here needs SM >= 9.0 (griddepcontrol, clusters).
 #pragma once
 #include <cuda_bf16.h>
 
@@ -84,53 +84,6 @@ __device__ __forceinline__ unsigned mapa(unsigned local_addr, unsigned rank) {
     unsigned remote;
     asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(local_addr), "r"(rank));
     return remote;
-}
-
-// ---- mbarriers and the tensor-memory-access (TMA) copy engine (tma_gemm.cuh) ----
-
-// A CUtensorMap passed by value as a `const __grid_constant__` kernel parameter (NVRTC has no
-// cuda.h); the host encodes it (slim_kernel.jit.tensor_map).
-struct __align__(64) TmaDesc {
-    unsigned long long v[16];
-};
-
-__device__ __forceinline__ void mbar_init(unsigned mbar, unsigned count) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(mbar), "r"(count) : "memory");
-}
-__device__ __forceinline__ void mbar_init_fence() {
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-}
-__device__ __forceinline__ void mbar_arrive_expect_tx(unsigned mbar, unsigned bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" :: "r"(mbar), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void mbar_arrive(unsigned mbar) {
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(mbar) : "memory");
-}
-// Spins a waiting thread may do before it traps: every wait here is for this CTA's own copies or
-// warps (the previous grid is already complete), so ~1 s of spinning means a lost arrival (a bug).
-constexpr unsigned kMaxSpins = 1u << 26;
-__device__ __forceinline__ void mbar_wait(unsigned mbar, unsigned parity) {
-    for (unsigned spins = 0;; ++spins) {
-        unsigned done;
-        asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-                     "selp.u32 %0, 1, 0, p;\n}\n" : "=r"(done) : "r"(mbar), "r"(parity) : "memory");
-        if (done) return;
-        if (spins > kMaxSpins) asm volatile("trap;");
-    }
-}
-// 2-D tensor copy global -> shared, completing `bytes` of transactions on mbar.
-__device__ __forceinline__ void tma_load_2d(unsigned dst, const TmaDesc* map, int x, int y, unsigned mbar) {
-    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n"
-                 :: "r"(dst), "l"(reinterpret_cast<unsigned long long>(map)), "r"(x), "r"(y), "r"(mbar) : "memory");
-}
-__device__ __forceinline__ void tma_prefetch_desc(const TmaDesc* map) {
-    asm volatile("prefetch.tensormap [%0];\n" :: "l"(reinterpret_cast<unsigned long long>(map)) : "memory");
-}
-// One lane of the (converged) warp gets true.
-__device__ __forceinline__ bool elect_one() {
-    unsigned p;
-    asm volatile("{\n.reg .pred P;\n.reg .b32 r;\nelect.sync r|P, 0xffffffff;\nselp.u32 %0, 1, 0, P;\n}\n" : "=r"(p));
-    return p != 0;
 }
 
 template <bool OUT_BF16>

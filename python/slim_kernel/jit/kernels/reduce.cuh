@@ -1,4 +1,4 @@
-// Deterministic reductions shared by the mma.sync GEMM bodies (skinny_gemm.cuh, tma_gemm.cuh).
+// Deterministic reductions of the mma.sync GEMM body (skinny_gemm.cuh): warp partials, cluster sums.
 //
 // Fragment layout: a warp's swap-AB accumulators acc[RT][NT][4] hold, for row tile r and token
 // tile n, D(16 weight rows x 8 tokens) of mma.m16n8k16: lane (g = lane/4, t = lane%4) has
