@@ -55,7 +55,7 @@ def test_rules_parse_and_reject():
     assert rules[0] == (8, cat.Narrow(rows=3)) and rules[1] == (64, cat.Skinny(rt=1, stages=8))
     assert cat.rule_for(rules, 9) == cat.Skinny(rt=1, stages=8)
     for bad, match in [("rt=0", "rt 1..8"), ("8:rt=1", "cover M up to"), ("foo=1", "keys of kernel=skinny"),
-                       ("kernel=narrow,tokens=8", "serves M <= 8"), ("kernel=narrow,tokens=9", "tokens 8 or 16"),
+                       ("kernel=narrow,tokens=8", "serves M <= 8"), ("kernel=narrow,tokens=9", "tokens 4, 8 or 16"),
                        ("kernel=bogus", "kernel must be one of"), ("rt=x", "want an integer"), ("x:rt=1", "MAXM")]:
         with pytest.raises(ValueError, match=match):
             cat.parse_rules(bad, ROUTER)

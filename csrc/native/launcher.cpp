@@ -462,6 +462,8 @@ nb::bytes encode_tensor_map(int dtype, uintptr_t ptr, const std::vector<uint64_t
 }  // namespace
 
 NB_MODULE(_native, m) {
+  // Kernels stay loaded until the process exits (runtime._KERNELS), by design: no leak report then.
+  nb::set_leak_warnings(false);
   m.doc() = "slim-kernel native launcher: cubin loading and kernel launches through the CUDA driver API";
   m.def("driver_error", &driver_error,
         "None when libcuda.so.1 can be loaded, else why not (does not initialize the driver)");

@@ -128,8 +128,8 @@ def _distance(a: tuple[int, ...], b: tuple[int, ...]) -> float:
 
 @cache
 def table(arch: str) -> Table | None:
-    """The committed table of ``arch`` (e.g. ``sm_90``; ``sm_90a`` maps to it), or None."""
-    name = f"routing_{arch.removesuffix('a')}.json"
+    """The committed table of ``arch`` (``sm_90`` and ``sm_90a`` read ``routing_sm90.json``), or None."""
+    name = f"routing_{arch.replace('_', '').removesuffix('a')}.json"
     try:
         ref = resources.files(__package__).joinpath(TABLES, name)
         if not ref.is_file():

@@ -93,12 +93,12 @@ class Narrow:
     rows: int = 2  # output rows per CTA (compile-time)
     cpt: int = 2  # 16-byte chunks per thread per row and round (compile-time)
     threads: int = 448  # block size (compile-time: K = 7168 is one round of 448 x 2 chunks)
-    tokens: int = 16  # the largest M served, 8 or 16 (more rows x tokens spill at 448 threads)
+    tokens: int = 16  # the largest M served: 4, 8 or 16 (more rows x tokens spill at 448 threads)
 
     def __post_init__(self):
         _check(1 <= self.rows <= 8 and 1 <= self.cpt <= 4 and self.threads % 32 == 0 and 32 <= self.threads <= 1024
-               and self.tokens in (8, 16), self,
-               "need rows 1..8, cpt 1..4, threads a multiple of 32 in 32..1024, tokens 8 or 16")
+               and self.tokens in (4, 8, 16), self,
+               "need rows 1..8, cpt 1..4, threads a multiple of 32 in 32..1024, tokens 4, 8 or 16")
 
     def max_m(self) -> int:
         return self.tokens
@@ -196,7 +196,7 @@ VARIANTS: dict[str, dict[str, GemmConfig]] = {
     ROUTER: {
         "skinny": Skinny(rt=1, stages=8, warps=4, split=0),
         "skinny_c4": Skinny(rt=1, stages=8, warps=4, split=4),
-        "narrow_r1": Narrow(rows=1, cpt=2, threads=448, tokens=16),
+        "narrow_r1": Narrow(rows=1, cpt=2, threads=448, tokens=4),  # 2 CTAs/SM need <= 72 registers
         "narrow_r2": Narrow(rows=2, cpt=2, threads=448, tokens=16),
         "narrow_r3": Narrow(rows=3, cpt=2, threads=448, tokens=8),
     },

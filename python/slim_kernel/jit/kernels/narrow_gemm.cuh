@@ -84,19 +84,21 @@ __device__ __forceinline__ void narrow_gemm(const __nv_bfloat16* __restrict__ ac
                     }
                 }
 #pragma unroll
-            for (int j = 0; j < CPT; ++j)
+            for (int j = 0; j < CPT; ++j) {
+                float wf[ROWS][8];
 #pragma unroll
-                for (int r = 0; r < ROWS; ++r) {
-                    float wf[8];
-                    bf16x8_to_f32(wv[r][j], wf);
+                for (int r = 0; r < ROWS; ++r) bf16x8_to_f32(wv[r][j], wf[r]);
 #pragma unroll
-                    for (int i = 0; i < TB; ++i) {
-                        float xf[8];
-                        bf16x8_to_f32(xv[i][j], xf);
+                for (int i = 0; i < TB; ++i) {
+                    if (m0 + i >= m_used) break;  // uniform: no FMAs for the tokens past M
+                    float xf[8];
+                    bf16x8_to_f32(xv[i][j], xf);
 #pragma unroll
-                        for (int e = 0; e < 8; ++e) acc[r][m0 + i] = fmaf(wf[e], xf[e], acc[r][m0 + i]);
-                    }
+                    for (int r = 0; r < ROWS; ++r)
+#pragma unroll
+                        for (int e = 0; e < 8; ++e) acc[r][m0 + i] = fmaf(wf[r][e], xf[e], acc[r][m0 + i]);
                 }
+            }
         }
     }
 
