@@ -39,6 +39,7 @@ def test_precompile_then_nothing_to_do(cache_dir, capsys):
     assert f"nothing to do: all {2 * n} are already cached" in out
 
 
+@pytest.mark.needs_compiler("nvcc")
 def test_precompile_ops_filter_and_compiler(cache_dir, capsys):
     instances = _instances()
     op = instances[0].source.rsplit("/", 1)[-1].split(".")[0]
