@@ -198,7 +198,9 @@ def test_fresh_venv_plain_install_audits_then_test_extra_passes_pytest(tmp_path)
     proc = _run([*pip, ".[test]"], clone, env, 1200)
     assert proc.returncode == 0, log_tail(proc)
     tests = _run([venv / "bin" / "pytest", "-q", "--basetemp", tmp_path / "inner"], clone, env, 3600)
+    (tmp_path / "inner-pytest.log").write_text(tests.stdout + tests.stderr)  # kept with the basetemp
     summary = tests.stdout.strip().splitlines()[-1] if tests.stdout.strip() else ""
+    print(f"fresh venv: {summary}")
     assert tests.returncode == 0, log_tail(tests, 8000)
     assert re.search(r"\d+ passed", summary) and not re.search(r"failed|error", summary), summary
     missing = [line for line in tests.stdout.splitlines()
