@@ -3,6 +3,10 @@
 `nox -s build test` builds the wheel into dist/ and tests exactly that wheel in a fresh
 environment. `nox -s test` alone rebuilds first when dist/ is missing or older than the
 sources, so it never tests a stale wheel.
+
+Every dependency comes from pyproject.toml (its dependencies, extras and dependency groups) and the
+op names from python/slim_kernel/names.py: this file keeps no list of its own and never imports
+the package source.
 """
 
 from __future__ import annotations
@@ -10,38 +14,62 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import re
+import runpy
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import nox
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
 
-sys.path.insert(0, str(Path(__file__).parent / "python"))
-from slim_kernel.jit.compiler import find_nvcc  # noqa: E402  (stdlib-only module: no torch, no CUDA)
+nox.needs_version = ">=2025.2.9"  # nox.project.load_toml / dependency_groups
+nox.options.default_venv_backend = "venv"
+nox.options.sessions = ["build", "audit", "size"]
 
 ROOT = Path(__file__).parent
+PYPROJECT = nox.project.load_toml(ROOT / "pyproject.toml")
+# names.py is import-free: run on its own, it gives the op list without the package on sys.path.
+RETIRED_OPS = tuple(runpy.run_path(str(ROOT / "python" / "slim_kernel" / "names.py"))["OPS"])
 DIST = ROOT / "dist"
 STAMP = DIST / ".source-hash"
 REPORTS = ROOT / "reports"
 BASELINE_DIST = DIST / "aot-baseline"  # the AOT size baseline (SLIM_KERNEL_AOT_BASELINE=ON), never shipped
 BASELINE_STAMP = BASELINE_DIST / ".source-hash"
-RETIRED_OPS = ("bmm_fp8", "dsv3_router_gemm", "dsv3_fused_a_gemm")
-CPU_TORCH = "torch==2.13.0"  # the CPU build this workplace serves locally; never an unpinned torch
-TEST_DEPS = ["pytest>=8", "hypothesis>=6", "zstandard>=0.22", "lz4>=4.3", "numpy",
-             "tqdm", "cuda-bindings>=13", "nvidia-cuda-nvrtc==13.0.*", "nvidia-cuda-cuobjdump", "matplotlib", "isal",
-             "scikit-build-core>=0.10", "nanobind>=2.4", "ninja"]
+CPU_TORCH = PYPROJECT["tool"]["slim-kernel"]["test-torch"]  # a pinned CPU build: never an unpinned torch
+# What audit/size install besides the wheel (installed --no-deps): its dependencies and the audit
+# extra, less torch and the CUDA bindings, which the audit never imports.
+AUDIT_SKIPS = ("torch", "cuda-bindings")
 
-nox.options.default_venv_backend = "venv"
-AUDIT_DEPS = ["zstandard>=0.22", "lz4>=4.3", "tqdm", "isal", "matplotlib>=3.8"]  # audit/size need no torch
 
-nox.options.sessions = ["build", "audit", "size"]
+def _requirements(*extras: str, skip: tuple[str, ...] = ()) -> list[str]:
+    """The project's dependencies plus the given extras, self-references (slim-kernel[x]) expanded,
+    less the distributions named in `skip`."""
+    project = PYPROJECT["project"]
+    me, skipped = canonicalize_name(project["name"]), {canonicalize_name(n) for n in skip}
+    out: list[str] = []
+
+    def add(reqs: list[str]) -> None:
+        for text in reqs:
+            req = Requirement(text)
+            name = canonicalize_name(req.name)
+            if name == me:
+                for extra in sorted(req.extras):
+                    add(project["optional-dependencies"][extra])
+            elif name not in skipped and text not in out:
+                out.append(text)
+
+    add(project["dependencies"])
+    for extra in extras:
+        add(project["optional-dependencies"][extra])
+    return out
 
 
 def _source_hash() -> str:
-    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "pyproject.toml", "CMakeLists.txt", "cmake",
-                            "csrc", "python"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
+    # everything the wheel is built from, README (METADATA) and LICENSE (dist-info) included
+    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "pyproject.toml", "README.md", "LICENSE",
+                            "CMakeLists.txt", "cmake", "csrc", "python"],
+                           cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
     digest = hashlib.sha256()
     for name in sorted(files):
         path = ROOT / name
@@ -85,9 +113,9 @@ def build(session: nox.Session) -> None:
 def test(session: nox.Session) -> None:
     """Install the built wheel (never the source tree) into a fresh env and run pytest."""
     wheel = _fresh_wheel(session)
-    session.install(CPU_TORCH, *TEST_DEPS)
-    # --no-deps: torch is pinned above; flashinfer (1 GB of CUDA deps) is optional on CPU.
-    session.install("--no-deps", "--force-reinstall", str(wheel))
+    session.install(CPU_TORCH)  # first, so that the wheel's torch>=2.4 never resolves to a CUDA build
+    session.install(f"{wheel}[test]")  # what `pip install ".[test]"` installs (flashinfer is an extra)
+    session.install("--no-deps", "--force-reinstall", str(wheel))  # exactly this wheel in a reused env
     session.run("slim-kernel", "info")
     session.run("slim-kernel", "audit", "--no-progress", str(wheel))  # the wheel under test holds no AOT code
     tmp = session.create_tmp()
@@ -99,7 +127,7 @@ def test(session: nox.Session) -> None:
 def audit(session: nox.Session) -> None:
     """Audit the built wheel for retired AOT code (fails on any finding). Needs no torch."""
     wheel = _fresh_wheel(session)
-    session.install(*AUDIT_DEPS)
+    session.install(*_requirements("audit", skip=AUDIT_SKIPS))
     session.install("--no-deps", "--force-reinstall", str(wheel))
     REPORTS.mkdir(exist_ok=True)
     session.run("slim-kernel", "audit", "--no-progress", str(wheel), *session.posargs)  # per layer: scanned/found
@@ -123,7 +151,7 @@ def bench(session: nox.Session) -> None:
 
 @nox.session
 def lint(session: nox.Session) -> None:
-    session.install("ruff")
+    session.install(*nox.project.dependency_groups(PYPROJECT, "lint"))
     session.run("ruff", "check", "python", "tests", "benchmark", "noxfile.py")
 
 
@@ -131,29 +159,31 @@ def lint(session: nox.Session) -> None:
 
 def _wheel_budget() -> str:
     """[tool.slim-kernel] wheel-budget from pyproject.toml."""
-    text = (ROOT / "pyproject.toml").read_text()
-    try:
-        import tomllib
-
-        budget = tomllib.loads(text).get("tool", {}).get("slim-kernel", {}).get("wheel-budget")
-    except ImportError:  # Python 3.10 running nox
-        m = re.search(r'^\[tool\.slim-kernel\][^\[]*?^wheel-budget\s*=\s*"([^"]+)"', text, re.M | re.S)
-        budget = m.group(1) if m else None
+    budget = PYPROJECT["tool"]["slim-kernel"].get("wheel-budget")
     if not budget:
         raise RuntimeError("pyproject.toml has no [tool.slim-kernel] wheel-budget")
     return str(budget)
 
 
+def _find_nvcc(session: nox.Session) -> str | None:
+    """The JIT compiler's own nvcc lookup (CUDACXX, CUDA_HOME, PATH, /usr/local/cuda), run in the
+    session's environment, where the wheel is installed (the module is stdlib-only)."""
+    out = session.run("python", "-c", "from slim_kernel.jit.compiler import find_nvcc; print(find_nvcc() or '')",
+                      silent=True)
+    return (out or "").strip() or None
+
+
 def _baseline_wheel(session: nox.Session) -> Path | None:
     """Build (when stale) the AOT baseline wheel into dist-baseline/; None when nvcc is missing."""
-    nvcc = find_nvcc()
+    nvcc = _find_nvcc(session)
     if nvcc is None:
         session.warn("nvcc not found (PATH, CUDACXX, CUDA_HOME, /usr/local/cuda): the AOT baseline cannot be built; "
                      "reporting the shipped wheel only")
         return None
     archs = os.environ.get("SLIM_KERNEL_AOT_ARCHS", "")  # empty: the release list in csrc/aot_baseline
-    # The instance list comes from slim_kernel.backends.jit, which imports torch.
-    session.install(CPU_TORCH, "scikit-build-core>=0.10", "nanobind>=2.4", "ninja")
+    # The instance list comes from slim_kernel.backends.jit, which imports torch; the build runs
+    # without isolation, so the build backend goes in here (CMake drives ninja or make from the system).
+    session.install(CPU_TORCH, *PYPROJECT["build-system"]["requires"])
     BASELINE_DIST.mkdir(parents=True, exist_ok=True)
     manifest = BASELINE_DIST / "manifest.json"
     session.run("python", str(ROOT / "csrc" / "aot_baseline" / "manifest.py"), "-o", str(manifest))
@@ -195,9 +225,9 @@ def _kib(n: int) -> str:
 def size(session: nox.Session) -> None:
     """Shipped wheel vs the AOT baseline: audit both (baseline = negative control), size report, budget."""
     wheel = _fresh_wheel(session)
-    session.install(*AUDIT_DEPS)
-    baseline = _baseline_wheel(session)
+    session.install(*_requirements("audit", skip=AUDIT_SKIPS))
     session.install("--no-deps", "--force-reinstall", str(wheel))
+    baseline = _baseline_wheel(session)
     REPORTS.mkdir(exist_ok=True)
 
     shipped = _audit_json(session, wheel, REPORTS / "audit-shipped.json")

@@ -23,12 +23,14 @@ from collections import defaultdict
 from pathlib import Path
 
 import pytest
+from _wheels import REPO, one_wheel, pip_wheel
 
-REPO = Path(__file__).resolve().parents[1]
+from slim_kernel.jit.compiler import find_nvcc
+from slim_kernel.names import OPS
+
 MANIFEST_PY = REPO / "csrc" / "aot_baseline" / "manifest.py"
-RETIRED = ("bmm_fp8", "dsv3_router_gemm", "dsv3_fused_a_gemm")
-NVCC = shutil.which("nvcc") or next((p for p in ("/usr/local/cuda/bin/nvcc", "/usr/local/bin/nvcc") if Path(p).exists()),
-                                    None)
+RETIRED = OPS
+NVCC = find_nvcc()
 
 pytestmark = pytest.mark.skipif(NVCC is None, reason="nvcc not found: the AOT baseline cannot be built")
 
@@ -42,28 +44,17 @@ def _env(**extra: str) -> dict:
     return env
 
 
-def _pip_wheel(out: Path, build: Path, env: dict) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "pip", "wheel", "--no-build-isolation", "--no-deps", "--no-index", "-w", str(out),
-           f"--config-settings=build-dir={build}", str(REPO)]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env)
-
-
-def _one_wheel(out: Path) -> Path:
-    (wheel,) = out.glob("slim_kernel-*.whl")
-    return wheel
-
-
 @pytest.fixture(scope="module")
 def wheels(tmp_path_factory) -> dict:
     tmp = tmp_path_factory.mktemp("aot")
-    proc = _pip_wheel(tmp / "baseline", tmp / "build-baseline",
-                      _env(SLIM_KERNEL_AOT_BASELINE="ON", SLIM_KERNEL_AOT_ARCHS="90a"))
+    proc = pip_wheel(tmp / "baseline", tmp / "build-baseline",
+                     _env(SLIM_KERNEL_AOT_BASELINE="ON", SLIM_KERNEL_AOT_ARCHS="90a"))
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
-    proc = _pip_wheel(tmp / "shipped", tmp / "build-shipped", _env())
+    proc = pip_wheel(tmp / "shipped", tmp / "build-shipped", _env())
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     manifest = tmp / "manifest.json"
     subprocess.run([sys.executable, str(MANIFEST_PY), "-o", str(manifest)], check=True, capture_output=True)
-    return {"baseline": _one_wheel(tmp / "baseline"), "shipped": _one_wheel(tmp / "shipped"),
+    return {"baseline": one_wheel(tmp / "baseline"), "shipped": one_wheel(tmp / "shipped"),
             "manifest": json.loads(manifest.read_text())}
 
 

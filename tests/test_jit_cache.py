@@ -76,6 +76,7 @@ def test_key_follows_nested_includes(kernel_tree):
     assert _key(inst) != before
 
 
+@pytest.mark.needs_compiler("nvrtc", "nvcc")
 def test_key_covers_defines_arch_compiler_and_version(kernel_tree, monkeypatch):
     inst = _axpby(kernel_tree)
     keys = {_key(inst), _key(_axpby(kernel_tree, bias=1)), _key(inst, arch="sm_100a"), _key(inst, name="nvcc")}

@@ -37,10 +37,7 @@ def module_cache(tmp_path_factory):
 
 @pytest.fixture(params=COMPILERS)
 def compiler_name(request):
-    try:
-        compiler.get_compiler(request.param)
-    except compiler.CompilerUnavailableError as exc:
-        pytest.fail(f"{request.param} must be usable on CI: {exc}")
+    """Skipped where that compiler is missing, except on CI, where it must work (tests/conftest.py)."""
     return request.param
 
 
@@ -80,14 +77,13 @@ def test_compile_error_carries_the_log(tmp_path, compiler_name, monkeypatch):
     assert cache.cached_counts(tmp_path).get("sm_90a", 0) == 0
 
 
-def test_defines_reach_the_compiler(tmp_path, monkeypatch):
+def test_defines_reach_the_compiler(tmp_path, monkeypatch, compiler_name):
     monkeypatch.setenv(cache.ENV_CACHE_DIR, str(tmp_path))
     src = tmp_path / "needs_define.cuh"
     src.write_text('#if NEED != 7\n#error NEED must be 7\n#endif\nextern "C" __global__ void k(int* p) { p[0] = NEED; }\n')
-    for name in COMPILERS:
-        cache.compile_cubin(KernelInstance.make(str(src), "k", "p", NEED=7), "sm_90a", name)
-        with pytest.raises(compiler.CompileError, match="NEED must be 7"):
-            cache.compile_cubin(KernelInstance.make(str(src), "k", "p", NEED=8), "sm_90a", name)
+    cache.compile_cubin(KernelInstance.make(str(src), "k", "p", NEED=7), "sm_90a", compiler_name)
+    with pytest.raises(compiler.CompileError, match="NEED must be 7"):
+        cache.compile_cubin(KernelInstance.make(str(src), "k", "p", NEED=8), "sm_90a", compiler_name)
 
 
 @pytest.mark.parametrize("text,expected", [
@@ -137,6 +133,7 @@ def test_declared_limits_rejects_typos(tmp_path):
     assert declared_limits(src) == {"max_registers": 64, "max_smem_static": 0}
 
 
+@pytest.mark.needs_compiler("nvrtc", "nvcc")
 def test_forced_compiler_env(monkeypatch):
     monkeypatch.setenv(compiler.ENV_COMPILER, "nvcc")
     assert compiler.get_compiler().name == "nvcc"

@@ -19,6 +19,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from _wheels import log_tail, one_wheel, pip_wheel
 from jit_fixtures import instances as fx
 
 from slim_kernel.jit import _pylauncher, runtime
@@ -101,15 +102,13 @@ def test_import_is_cheap():
 
 # ---- wheel builds -------------------------------------------------------------------------
 
-def _build_and_install(tmp_path: Path, native: str) -> tuple[Path, Path]:
+def _build_and_install(tmp_path: Path, native: str, **env: str) -> tuple[Path, Path]:
     """Build a wheel (fresh build dir) and install it into a private site dir; return both."""
     wheel_dir, site = tmp_path / "wheel", tmp_path / "site"
-    cmd = [sys.executable, "-m", "pip", "wheel", "--no-build-isolation", "--no-deps", "--no-index",
-           "-w", str(wheel_dir), f"--config-settings=build-dir={tmp_path / 'build'}", str(REPO)]
-    env = dict(os.environ, SLIM_KERNEL_NATIVE=native)  # the env form also retags an OFF wheel as pure
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    (wheel,) = wheel_dir.glob("slim_kernel-*.whl")
+    # the env form also retags an OFF wheel as pure (pyproject.toml's override)
+    proc = pip_wheel(wheel_dir, tmp_path / "build", dict(os.environ, SLIM_KERNEL_NATIVE=native, **env), timeout=600)
+    assert proc.returncode == 0, log_tail(proc)
+    wheel = one_wheel(wheel_dir)
     proc = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "--no-index", "--target", str(site),
                            str(wheel)], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -183,14 +182,30 @@ def test_native_build_imports_without_gpu_and_links_no_torch(native_build):
 
 
 @pytest.mark.slow
-def test_native_off_build_is_pure_and_falls_back(tmp_path):
-    wheel, site = _build_and_install(tmp_path, "OFF")
+@pytest.mark.parametrize("native, env", [("OFF", {}), ("AUTO", {"CXX": "/nonexistent"})],
+                         ids=["native-off", "no-compiler"])
+def test_pure_build_is_tagged_pure_and_falls_back(tmp_path, native, env):
+    """SLIM_KERNEL_NATIVE=OFF, and the default AUTO on a machine without a C++ compiler (CMake stops the
+    first attempt, pyproject's `if.failed` override retries it pure): a py3-none-any wheel, no binary."""
+    wheel, site = _build_and_install(tmp_path, native, **env)
     assert wheel.name.endswith("-py3-none-any.whl"), wheel.name
     names = zipfile.ZipFile(wheel).namelist()
     assert not [n for n in names if n.endswith((".so", ".pyd", ".dylib"))], names
+    wheel_file = zipfile.ZipFile(wheel).read(next(n for n in names if n.endswith(".dist-info/WHEEL"))).decode()
+    assert "Root-Is-Purelib: true" in wheel_file and "Tag: py3-none-any" in wheel_file, wheel_file
     report = _probe(site)
     assert report["launcher"] == "python" and report["native_file"] is None
     assert report["info"]["launcher"].startswith("python (cuda-python fallback")
+
+
+@pytest.mark.slow
+def test_native_on_without_compiler_fails_instead_of_going_pure(tmp_path):
+    """ON demands the launcher: no compiler is an error, also in the pure retry, never a pure wheel."""
+    proc = pip_wheel(tmp_path / "wheel", tmp_path / "build", dict(os.environ, SLIM_KERNEL_NATIVE="ON",
+                                                                  CXX="/nonexistent"), timeout=600)
+    assert proc.returncode != 0, log_tail(proc)
+    assert "/nonexistent" in proc.stdout + proc.stderr, log_tail(proc)
+    assert not list((tmp_path / "wheel").glob("*.whl"))
 
 
 # ---- both launchers against a fake driver -------------------------------------------------

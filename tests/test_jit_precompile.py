@@ -66,6 +66,7 @@ def test_precompile_then_all_present(cache_dir, capsys, small_catalogue):
         "verified": 2 * n, "total": 2 * n, "root": None, "compiled": 0, "present": 2 * n, "failed": 0}
 
 
+@pytest.mark.needs_compiler("nvcc")
 def test_precompile_ops_filter_and_compiler(cache_dir, capsys, monkeypatch):
     pairs = [("fixture_axpby", fx.axpby(b)) for b in range(3)] + [("other_op", fx.axpby(9))]
     monkeypatch.setattr(precompile, "catalogue", lambda: pairs)

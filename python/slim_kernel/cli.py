@@ -11,6 +11,8 @@ import importlib
 import os
 import sys
 
+from ._version import __version__
+
 COMMANDS = {
     "info": ("slim_kernel.info", "show versions, devices and, per op, which backends can serve"),
     "precompile": ("slim_kernel.jit.precompile", "compile every JIT kernel instantiation into the cache"),
@@ -22,6 +24,7 @@ COMMANDS = {
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     parser = argparse.ArgumentParser(prog="slim-kernel", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"slim-kernel {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     chosen = argv[0] if argv and argv[0] in COMMANDS else None
     for name, (module_name, help_text) in COMMANDS.items():

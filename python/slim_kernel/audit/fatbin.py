@@ -123,7 +123,7 @@ def decompress(method: str, payload: bytes, csize: int, usize: int, limits: Limi
             import lz4.block
         except ImportError:
             raise AuditInputError(
-                f"{what}: LZ4 payload needs the 'lz4' package (pip install slim-kernel[audit])"
+                f"{what}: LZ4 payload needs the 'lz4' package, a dependency of slim-kernel (pip install lz4)"
             ) from None
         try:
             out = lz4.block.decompress(data, uncompressed_size=usize)
@@ -134,7 +134,7 @@ def decompress(method: str, payload: bytes, csize: int, usize: int, limits: Limi
             import zstandard
         except ImportError:
             raise AuditInputError(
-                f"{what}: zstd payload needs the 'zstandard' package (pip install slim-kernel[audit])"
+                f"{what}: zstd payload needs the 'zstandard' package, a dependency of slim-kernel (pip install zstandard)"
             ) from None
         try:
             parts, got = [], 0
