@@ -20,9 +20,14 @@ t0=$(date +%s)
 stamp() { echo "[gpu_run +$(( $(date +%s) - t0 ))s] $*"; }
 LOG="$OUT/gpu_tests.log"  # info, warm-up, pytest -m gpu, AOT baseline check (the 8-file limit)
 
+# .whl/: build requirements newer than the machine's (scikit-build-core), when carried
+wheels=(); ls .whl/*.whl >/dev/null 2>&1 && wheels+=(.whl/*.whl)
 if [[ "$BUNDLE" != none ]]; then
   ls "$BUNDLE"/*.whl >/dev/null || { echo "no wheels in $BUNDLE"; exit 2; }
-  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site "$BUNDLE"/*.whl
+  wheels+=("$BUNDLE"/*.whl)
+fi
+if (( ${#wheels[@]} )); then
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site "${wheels[@]}"
   export PYTHONPATH=/tmp/site
 fi
 SGLANG=""
