@@ -14,7 +14,8 @@ BUNDLE=${1:?usage: bash benchmark/gpu_run.sh BUNDLE [STAGE ...]}
 shift
 STAGES=${*:-tests bench eager}
 OUT=${OUT:-/tmp/slim_out}; mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1 FLASHINFER_WORKSPACE_BASE=/tmp/fiws FLASHINFER_CUDA_ARCH_LIST=9.0a MAX_JOBS=16
+# Per-bundle flashinfer workspace: a warm machine keeps /tmp, and modules built by another version must not serve
+export PYTHONUNBUFFERED=1 FLASHINFER_WORKSPACE_BASE=/tmp/fiws-$(basename "$BUNDLE") FLASHINFER_CUDA_ARCH_LIST=9.0a MAX_JOBS=16
 export SLIM_KERNEL_CACHE_DIR=/tmp/slim_cache CUDA_HOME=${CUDA_HOME:-/usr/local/cuda} SGLANG_JIT_CACHE_DIR=/tmp/sgl_jit
 t0=$(date +%s)
 stamp() { echo "[gpu_run +$(( $(date +%s) - t0 ))s] $*"; }
@@ -26,6 +27,7 @@ if [[ "$BUNDLE" != none ]]; then
   ls "$BUNDLE"/*.whl >/dev/null || { echo "no wheels in $BUNDLE"; exit 2; }
   wheels+=("$BUNDLE"/*.whl)
 fi
+rm -rf /tmp/site  # a warm machine keeps the previous call's packages: never mix two flashinfer versions
 if (( ${#wheels[@]} )); then
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site "${wheels[@]}"
   export PYTHONPATH=/tmp/site
