@@ -188,9 +188,9 @@ def install_table(report, table_path: Path | None) -> dict:
     old = json.loads(installed.read_text()) if installed.exists() else None
     table = make_routing.build_table([report_dict(report)], old, "benchmark/bench_gemm.py (this run)")
     installed.parent.mkdir(parents=True, exist_ok=True)
-    installed.write_text(json.dumps(table, indent=1) + "\n")
+    installed.write_text(make_routing.dumps_table(table))
     if table_path is not None:
-        table_path.write_text(json.dumps(table, indent=1) + "\n")
+        table_path.write_text(make_routing.dumps_table(table))
     routing.reload()
     return table
 

@@ -23,6 +23,9 @@ import json
 import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
+from slim_kernel.jit.catalogue import VARIANTS  # noqa: E402  (torch-free)
+
 SCHEMA = 1
 ANCHOR_PREFIXES = ("flashinfer", "sglang:", "torch")  # the columns of benchmark/anchors.py
 TIE = 0.02  # within 2%: what one run's repeat-to-repeat spread allows calling a tie
@@ -38,12 +41,14 @@ def winner(ratio: float, best_anchor: str) -> str:
     return "slim-kernel" if ratio < 1 - TIE else "tie" if ratio <= 1 + TIE else best_anchor
 
 
-def candidates(us: dict, pdl: bool) -> dict:
-    """Table candidates of one decode-step row, measured the way the registry would run them."""
+def candidates(op: str, us: dict, pdl: bool) -> dict:
+    """Table candidates of one decode-step row, measured the way the registry would run them
+    (JIT configurations no longer in the catalogue are left out)."""
     out = {}
     for name, value in us.items():
         base, _, flag = name.partition("@")
-        if value is not None and base.startswith("jit:") and (flag == "nopdl") != pdl:
+        if (value is not None and base.startswith("jit:") and (flag == "nopdl") != pdl
+                and base.removeprefix("jit:") in VARIANTS[op]):
             out[base] = round(value, 3)
     fi = us.get("flashinfer_pdl" if pdl else "flashinfer")
     if fi is not None:
@@ -65,7 +70,7 @@ def table_entries(report: dict) -> list[dict]:
     for row in _decode_rows(report, "plain"):
         shape = {k: v for k, v in row["shape"].items() if k != "m"}
         for pdl in (True, False):
-            us = candidates(row["us"], pdl)
+            us = candidates(row["op"], row["us"], pdl)
             if us:
                 entries.append({"op": row["op"], "shape": shape, "m": row["shape"]["m"], "flashinfer": version,
                                 "pdl": pdl, "us": us})
@@ -111,6 +116,13 @@ def merge_summary(path: Path, reports: list[dict]) -> dict:
     return {"schema": SCHEMA, "rows": rows}
 
 
+def dumps_table(table: dict) -> str:
+    """The table as JSON with one entry per line (reviewable diffs, small files)."""
+    head = {k: v for k, v in table.items() if k != "entries"}
+    lines = [json.dumps(e, separators=(",", ":")) for e in table["entries"]]
+    return json.dumps(head, indent=1)[:-2] + ',\n "entries": [\n  ' + ",\n  ".join(lines) + "\n ]\n}\n"
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("results", nargs="+", help="bench_gemm.py JSON files")
@@ -123,7 +135,7 @@ def main(argv=None) -> int:
     cmd = "python benchmark/make_routing.py " + " ".join(args.results)
     table = build_table(reports, old, cmd)
     table_path.parent.mkdir(parents=True, exist_ok=True)
-    table_path.write_text(json.dumps(table, indent=1) + "\n")
+    table_path.write_text(dumps_table(table))
     print(f"{len(table['entries'])} routing entries -> {table_path}")
     if args.summary:
         path = Path(args.summary)

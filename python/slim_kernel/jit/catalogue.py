@@ -202,7 +202,6 @@ VARIANTS: dict[str, dict[str, GemmConfig]] = {
     },
     FUSED_A: {
         "skinny": Skinny(rt=1, stages=8, warps=8, split=1),
-        "skinny_w4c2": Skinny(rt=1, stages=12, warps=4, split=2),
         "skinny_w10": Skinny(rt=1, stages=6, warps=10, split=1),
     },
 }
