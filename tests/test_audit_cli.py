@@ -84,7 +84,9 @@ def _synthetic_wheel(path: Path, build: Path) -> Path:
 def test_json_contract_and_human_report(tmp_path, capsys):
     wheel = _synthetic_wheel(tmp_path / "w.whl", tmp_path / "b")
     assert main(["audit", "--json", "--no-progress", str(wheel)]) == 1
-    res = json.loads(capsys.readouterr().out)
+    doc = json.loads(capsys.readouterr().out)
+    assert set(doc) == {"schema", "wheels"} and doc["schema"] == 1 and len(doc["wheels"]) == 1
+    (res,) = doc["wheels"]
     assert {"wheel", "clean", "ops_found", "findings", "seconds"} <= set(res)
     assert res["wheel"] == str(wheel) and res["clean"] is False and isinstance(res["seconds"], float)
     assert res["ops_found"] == ["dsv3_router_gemm"]

@@ -16,8 +16,12 @@ needs_nvcc = pytest.mark.skipif(NVCC is None, reason="nvcc not found")
 
 
 def audit(capsys, *args: str) -> tuple[int, dict | list]:
+    """Exit code and the per-wheel results: one object for one wheel, else the list."""
     rc = main(["audit", "--json", "--no-progress", *map(str, args)])
-    return rc, json.loads(capsys.readouterr().out)
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["schema"] == 1, doc
+    wheels = doc["wheels"]
+    return rc, wheels[0] if len(wheels) == 1 else wheels
 
 
 def layers_of(result: dict, op: str | None = None) -> set[str]:

@@ -38,7 +38,9 @@ def test_parse_size_rejects(text):
 
 def size_json(capsys, *args) -> tuple[int, dict]:
     rc = main(["size", "--json", "--no-progress", *map(str, args)])
-    return rc, json.loads(capsys.readouterr().out)
+    report = json.loads(capsys.readouterr().out)
+    assert report["schema"] == 1
+    return rc, report
 
 
 @pytest.fixture

@@ -8,6 +8,8 @@ from . import demangle
 from .rules import Rules
 from .runner import WheelScan
 
+SCHEMA = 1  # version of the JSON written by `audit --json` and `size --json`
+
 LAYERS = (
     "elf-dynsym",
     "elf-symtab",
@@ -135,12 +137,14 @@ def human_report(result: dict, examples: int = 3) -> str:
             lines.append(f"      {where}{_clip(f['evidence'])}{archs}")
     routed = result["routed"]
     if routed:
-        kinds = Counter()
-        for r in routed:
-            kinds[r["kind"]] += r["count"]
-        files = len({r["member"] for r in routed})
+        files = {r["member"]: r["kind"] for r in routed}
+        kinds = Counter(files.values())
         summary = ", ".join(f"{n} in {k}" for k, n in sorted(kinds.items()))
-        lines.append(f"  info (routed, not AOT code): op names mentioned in {files} files: {summary}")
+        mentions = sum(r["count"] for r in routed)
+        lines.append(
+            f"  info (routed, not AOT code): op names mentioned in {len(files)} files "
+            f"({summary}; {mentions} mentions)"
+        )
     return "\n".join(lines)
 
 

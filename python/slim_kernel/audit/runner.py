@@ -13,9 +13,9 @@ import struct
 import sys
 import time
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
-from .limits import AuditInputError, MalformedBinaryError, MiB
+from .limits import AuditInputError, Budget, HostileArchiveError, MalformedBinaryError, MiB
 from .scan import MemberScan, ScanContext, scan_member
 from .wheel import Member, WheelArchive, open_member
 
@@ -154,8 +154,11 @@ def plan_tasks(members: list[Member]) -> list[list[Member]]:
 def scan_wheel(
     path: str, ctx: ScanContext, jobs: int | None = None, progress: bool | None = None
 ) -> WheelScan:
-    """Scan all members; raises `AuditInputError` if the wheel cannot be read safely."""
+    """Scan all members within `ctx.limits.max_seconds`; raises `AuditInputError` if the wheel
+    cannot be read safely. In-process, one `Budget` counts the wheel's work; each pool task
+    gets a copy of it (same deadline, its own count) and this process adds up the counts."""
     start = time.perf_counter()
+    ctx = replace(ctx, budget=Budget.starting_now(ctx.limits))
     with WheelArchive(path, ctx.limits) as archive:
         members = archive.members
     result = WheelScan(os.fspath(path), members)
@@ -178,6 +181,15 @@ def scan_wheel(
     return result
 
 
+def _fatbin_headers(scans: list[MemberScan], ctx: ScanContext, total: int) -> int:
+    total += sum(s.stats["fatbin_containers"] + s.stats["fatbin_entries"] for s in scans)
+    if total > ctx.limits.max_fatbin_headers:
+        raise HostileArchiveError(
+            f"more than {ctx.limits.max_fatbin_headers:,} fatbin headers in this wheel (hostile?)"
+        )
+    return total
+
+
 def _run_pool(path: str, tasks: list[list[Member]], ctx: ScanContext, jobs: int, bar: Progress):
     """Run tasks on worker processes; progress reports are drained on this thread (no helper
     thread, so forking workers is safe)."""
@@ -194,12 +206,14 @@ def _run_pool(path: str, tasks: list[list[Member]], ctx: ScanContext, jobs: int,
     ) as pool:
         futures = [pool.submit(_scan_task, path, task, ctx) for task in tasks]
         pending = set(futures)
+        headers = 0
         try:
             while pending:
                 done, pending = wait(pending, timeout=0.2, return_when=FIRST_COMPLETED)
                 drain()
                 for fut in done:
-                    fut.result()  # raise the first error now
+                    headers = _fatbin_headers(fut.result(), ctx, headers)  # raise the first error now
+                ctx.budget.check_time()
         except BaseException:
             pool.shutdown(wait=False, cancel_futures=True)
             raise
