@@ -4,20 +4,21 @@ A cubin names its kernels in `.text.<mangled>` sections and its symbol table; th
 unit it was compiled from survives in internal-linkage names, which nvcc spells
 ``_INTERNAL_<hash>_<len>_<file with . -> _>_<hash>`` (``<len>`` counts the file part, so
 ``_29_dsv3_router_gemm_float_out_cu`` is ``dsv3_router_gemm_float_out.cu``). PTX names its
-kernels in `.entry` directives and its target in `.target`. Both are read in windows (PTX as it
-streams, a cubin's tables from its `SpanStore`), with a bounded number of names kept.
+kernels in `.entry` directives and its target in `.target`. Both are read in windows from a
+`SpanStore` (or bytes), and names are handed on lazily, so nothing grows with the input.
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from collections.abc import Iterable
+from dataclasses import dataclass
 
 from ..cubin import decode_sm
 from .elf import STT_FUNC, ElfFile, HitStrings
 from .limits import Limits, MalformedBinaryError
 from .rules import Rules
-from .stream import context_windows, window_matches
+from .stream import WINDOW, SpanStore, context_windows, window_matches
 
 # Every pattern is shorter than OVERLAP, so a window sees each match whole.
 OVERLAP = 16 << 10
@@ -33,7 +34,7 @@ class DeviceCode:
     arch: str
     tus: tuple[str, ...] = ()  # source files, e.g. "dsv3_router_gemm_float_out.cu"
     tu_ops: tuple[str, ...] = ()  # retired ops the TU names match
-    names: list[tuple[str, int, str]] = field(default_factory=list)  # (raw name, size, what)
+    names: Iterable[tuple[str, int, str]] = ()  # (raw name, size, what): may be lazy
     kernel_count: int = 0
 
 
@@ -68,55 +69,61 @@ def cubin_arch(elf: ElfFile) -> str:
 
 
 def summarize_cubin(data, rules: Rules, limits: Limits, what: str, arch: str = "") -> DeviceCode:
-    """`data`: the cubin (bytes, or a `SpanStore` holding it)."""
+    """`data`: the cubin (bytes, or a `SpanStore` holding it). `names` is read lazily from
+    `data`: consume it while `data` is open."""
     elf = ElfFile(data, limits, what)
-    texts = [(s.name[6:], s.size) for s in elf.sections if s.name.startswith(".text.")]
     strtab = elf.section(".strtab")
     tus = _Tus(limits, what)
     if strtab is not None:
         for m in window_matches(_TU, context_windows(elf.chunks(strtab), OVERLAP)):
             tus.add(m.string, m)
+    kernels = sum(s.name.startswith(".text.") for s in elf.sections)
     code = DeviceCode(
-        "cubin", arch or cubin_arch(elf), tuple(tus.found), tus.ops(rules), kernel_count=len(texts)
+        "cubin", arch or cubin_arch(elf), tuple(tus.found), tus.ops(rules), kernel_count=kernels
     )
-    if code.tu_ops:  # the whole cubin belongs to a retired op: list every kernel
-        code.names = [(name, size, "kernel") for name, size in texts]
-    else:
-        code.names = [(name, size, "kernel") for name, size in texts if rules.maybe(name.encode("latin-1"))]
-    symtab = elf.section(".symtab")
-    if symtab is None:
-        return code
-    hits = HitStrings(elf, elf.linked(symtab), rules, limits)
-    if hits:
-        seen = {name for name, _, _ in code.names}
-        for sym in elf.iter_symbols(symtab, hits):
-            name = sym.name.decode("latin-1")
-            if sym.defined and sym.type != 3 and name not in seen:
-                if len(seen) >= limits.max_candidates:
-                    raise MalformedBinaryError(f"{what}: more than {limits.max_candidates:,} candidate names")
-                seen.add(name)
-                code.names.append((name, sym.size, "kernel" if sym.type == STT_FUNC else "symbol"))
+    code.names = _cubin_names(elf, code, rules, limits, what)
     return code
 
 
-def summarize_ptx(pieces, rules: Rules, limits: Limits, what: str, arch: str = "") -> DeviceCode:
-    """`pieces`: (offset, bytes) of the PTX text, in order."""
-    target, entries, count = None, [], 0
+def _cubin_names(elf: ElfFile, code: DeviceCode, rules: Rules, limits: Limits, what: str):
+    """Kernels (`.text.<name>` sections) and defined symbols that may name a retired op; every
+    kernel when the cubin's translation unit is retired. Each name once (by hash)."""
+    seen: set[int] = set()
+
+    def new(name: str) -> bool:
+        if hash(name) in seen:
+            return False
+        if len(seen) >= limits.max_candidates:
+            raise MalformedBinaryError(f"{what}: more than {limits.max_candidates:,} candidate names")
+        seen.add(hash(name))
+        return True
+
+    for s in elf.sections:
+        name = s.name[6:]
+        if s.name.startswith(".text.") and (code.tu_ops or rules.maybe(name.encode("latin-1"))) and new(name):
+            yield name, s.size, "kernel"
+    symtab = elf.section(".symtab")
+    if symtab is None:
+        return
+    hits = HitStrings(elf, elf.linked(symtab), rules, limits)
+    if hits:
+        for sym in elf.iter_symbols(symtab, hits):
+            name = sym.name.decode("latin-1")
+            if sym.defined and sym.type != 3 and new(name):
+                yield name, sym.size, "kernel" if sym.type == STT_FUNC else "symbol"
+
+
+def summarize_ptx(data, rules: Rules, limits: Limits, what: str, arch: str = "") -> DeviceCode:
+    """`data`: the PTX text (bytes, or a `SpanStore` holding it), read twice: target and
+    translation units first, then (lazily, in `names`) the entries."""
+    target, count = None, 0
     tus = _Tus(limits, what)
-    for base, data, lo, hi in context_windows(pieces, OVERLAP):
-        window = [(base, data, lo, hi)]
+    for window in context_windows(_pieces(data), OVERLAP):
         if target is None:
-            target = next((m.group(1) for m in window_matches(_PTX_TARGET, window)), None)
-        for m in window_matches(_TU, window):
-            tus.add(data, m)
-        for m in window_matches(_PTX_ENTRY, window):
-            count += 1
-            name = m.group(1)
-            # every entry may belong to a retired TU (known only at the end): keep the first ones
-            if len(entries) < limits.max_hits_per_member or rules.maybe(name):
-                if len(entries) >= limits.max_candidates:
-                    raise MalformedBinaryError(f"{what}: more than {limits.max_candidates:,} candidate names")
-                entries.append(name.decode("latin-1"))
+            target = next((m.group(1) for m in window_matches(_PTX_TARGET, [window])), None)
+        for m in window_matches(_TU, [window]):
+            tus.add(m.string, m)
+        count += sum(1 for _ in window_matches(_PTX_ENTRY, [window]))
     code = DeviceCode(
         "ptx",
         arch or (target.decode().replace("sm_", "compute_") if target else "ptx"),
@@ -124,5 +131,15 @@ def summarize_ptx(pieces, rules: Rules, limits: Limits, what: str, arch: str = "
         tus.ops(rules),
         kernel_count=count,
     )
-    code.names = [(e, 0, "entry") for e in entries if code.tu_ops or rules.maybe(e.encode("latin-1"))]
+    code.names = (
+        (m.group(1).decode("latin-1"), 0, "entry")
+        for m in window_matches(_PTX_ENTRY, context_windows(_pieces(data), OVERLAP))
+        if code.tu_ops or rules.maybe(m.group(1))
+    )
     return code
+
+
+def _pieces(data):
+    if isinstance(data, SpanStore):
+        return data.pieces(0, len(data))
+    return ((at, data[at : at + WINDOW]) for at in range(0, len(data), WINDOW))

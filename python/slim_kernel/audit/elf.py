@@ -21,7 +21,7 @@ EM_CUDA = 190
 SHT_SYMTAB, SHT_STRTAB, SHT_NOBITS, SHT_DYNSYM = 2, 3, 8, 11
 STT_OBJECT, STT_FUNC = 1, 2
 SHN_UNDEF, SHN_XINDEX = 0, 0xFFFF
-MAX_NAME = 16 << 10  # symbol name bytes read (longer names are cut)
+MAX_NAME = 4 << 10  # symbol name bytes read; longer names are cut (real: 172)
 
 
 @dataclass(frozen=True)
@@ -208,7 +208,9 @@ class HitStrings:
                 nul = data.rfind(b"\x00", 0, p)
                 start = base - base0 + nul + 1 if nul >= 0 else last_nul + 1
                 end = data.find(b"\x00", p)  # the string's end, or past this window
-                last = base - base0 + find.last(p, hi if end < 0 else min(end, hi))
+                stop = hi if end < 0 else min(end, hi)
+                nxt = find.find(p + 1)
+                last = base - base0 + (p if nxt < 0 or nxt >= stop else find.last(nxt, stop))
                 if self.starts and self.starts[-1] == start:
                     self.lasts[-1] = last
                 elif len(self.starts) >= limits.max_hit_strings:

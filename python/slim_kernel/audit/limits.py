@@ -56,9 +56,9 @@ class Limits:
     max_sections: int = 65_536
     max_section_names: int = 16 * MiB  # distinct section-name bytes of one ELF
     max_symbols: int = 4_000_000  # per symbol table
-    max_hit_strings: int = 1_000_000  # strings of one string table holding a retired-op literal
-    max_candidates: int = 200_000  # names per member examined for retired ops (symbols, kernels)
-    max_hits_per_member: int = 2_000  # evidence kept per member and layer (first of each op always)
+    max_hit_strings: int = 100_000  # strings of one string table holding a retired-op literal (real: 28)
+    max_candidates: int = 50_000  # names per member examined for retired ops (real: 1,254)
+    max_hits_per_member: int = 1_000  # evidence kept per member and layer, + first of each op (real: 206)
     max_fatbin_headers: int = 250_000  # fatbin containers + entries per wheel (sgl-kernel 0.3.21: 1,869)
     max_text_lines: int = 10_000  # routed/info lines examined per text member
 

@@ -131,7 +131,7 @@ class Finder:
 
     def last(self, lo: int, hi: int) -> int:
         """The last literal occurrence starting in [lo, hi) (-1 if none)."""
-        return max(
-            (self._data.rfind(tok, lo, min(len(self._data), hi + len(tok) - 1)) for tok in self._next),
-            default=-1,
-        )
+        best = -1
+        for tok in self._next:
+            best = max(best, self._data.rfind(tok, lo, min(len(self._data), hi + len(tok) - 1)))
+        return best

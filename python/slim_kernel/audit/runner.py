@@ -7,6 +7,7 @@ small wheels where starting workers would cost more than it saves.
 
 from __future__ import annotations
 
+import itertools
 import multiprocessing
 import os
 import struct
@@ -191,31 +192,33 @@ def _fatbin_headers(scans: list[MemberScan], ctx: ScanContext, total: int) -> in
 
 
 def _run_pool(path: str, tasks: list[list[Member]], ctx: ScanContext, jobs: int, bar: Progress):
-    """Run tasks on worker processes; progress reports are drained on this thread (no helper
-    thread, so forking workers is safe)."""
+    """Run tasks on worker processes, at most one in flight per worker (so after an error only
+    the running ones finish); progress reports are drained on this thread (no helper thread,
+    so forking workers is safe)."""
     method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
     mp = multiprocessing.get_context(method)
     queue = mp.SimpleQueue()
+    workers = min(jobs, len(tasks))
+    results: dict[int, list[MemberScan]] = {}
 
     def drain() -> None:
         while not queue.empty():
             bar.update(queue.get())
 
     with ProcessPoolExecutor(
-        max_workers=min(jobs, len(tasks)), mp_context=mp, initializer=_init_worker, initargs=(queue,)
+        max_workers=workers, mp_context=mp, initializer=_init_worker, initargs=(queue,)
     ) as pool:
-        futures = [pool.submit(_scan_task, path, task, ctx) for task in tasks]
-        pending = set(futures)
+        todo = iter(enumerate(tasks))
+        running = {pool.submit(_scan_task, path, task, ctx): i for i, task in itertools.islice(todo, workers)}
         headers = 0
-        try:
-            while pending:
-                done, pending = wait(pending, timeout=0.2, return_when=FIRST_COMPLETED)
-                drain()
-                for fut in done:
-                    headers = _fatbin_headers(fut.result(), ctx, headers)  # raise the first error now
-                ctx.budget.check_time()
-        except BaseException:
-            pool.shutdown(wait=False, cancel_futures=True)
-            raise
+        while running:
+            done, _ = wait(running, timeout=0.2, return_when=FIRST_COMPLETED)
+            drain()
+            for fut in done:
+                scans = results[running.pop(fut)] = fut.result()  # raise the first error now
+                headers = _fatbin_headers(scans, ctx, headers)
+                for i, task in itertools.islice(todo, 1):
+                    running[pool.submit(_scan_task, path, task, ctx)] = i
+            ctx.budget.check_time()
         drain()
-    return [scan for fut in futures for scan in fut.result()]
+    return [scan for i in range(len(tasks)) for scan in results[i]]

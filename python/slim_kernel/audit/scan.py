@@ -26,7 +26,8 @@ MAX_AR_NAMES = 16 << 20
 SNIFF = 4096  # bytes looked at to tell a member's kind
 LINE_CONTEXT = 160  # routed evidence: bytes of the line either side of a hit
 RUN_LIMIT = 512  # .rodata strings: bytes either side of a hit
-DEMANGLE_BATCH = 4096
+DEMANGLE_BATCH = 1024
+EVIDENCE_MAX = 2048  # characters of one finding's evidence kept (sgl-kernel 0.3.21: 443 at most)
 ROUTED_SNIPPETS = 3
 _PYTHON = {".py", ".pyi", ".pyx", ".pxd"}
 _SOURCES = {".cu", ".cuh", ".h", ".hh", ".hpp", ".cc", ".cpp", ".cxx", ".c", ".inl", ".inc"}
@@ -139,6 +140,8 @@ class _Collector:
             self.scan.stats["evidence_dropped"] += 1
             return
         self._ops.add(key)
+        if len(hit.evidence) > EVIDENCE_MAX:
+            hit.evidence = hit.evidence[: EVIDENCE_MAX - 3] + "..."
         self.scan.hits.append(hit)
 
     def add_device(self, code: DeviceCode, layers: tuple[str, str], stored: int, unpacked: int, comp: str):
@@ -154,9 +157,6 @@ class _Collector:
         for name, size, what in code.names:
             # kernels of a retired TU are attributed to it; their bytes are inside the blob already
             self.add(names_layer, name, size, code.arch, code.tu_ops, what)
-
-    def add_entry(self, code: DeviceCode, layers: tuple[str, str], entry: fatbin.Entry) -> None:
-        self.add_device(code, layers, entry.header_size + entry.stored, entry.unpacked, entry.compression)
 
     def _flush(self) -> None:
         budget = self.ctx.budget
@@ -181,10 +181,7 @@ def _scan_host_elf(src: Pull, col: _Collector, ctx: ScanContext, label: str) -> 
     stats = col.scan.stats
 
     def on_entry(entry: fatbin.Entry, payload) -> None:
-        code = _entry_code(entry, payload, col, ctx, label)
-        if code is not None:
-            layers = ("fatbin-tu", "ptx-entry" if code.kind == "ptx" else "fatbin-kernel")
-            col.add_entry(code, layers, entry)
+        _entry_code(entry, payload, col, label, _embedded_layers)
 
     with SpanStore(src.size, ctx.limits.retained_in_memory, label, ctx.budget) as store:
         _stream_containers(src, col, ctx, on_entry, store.add)
@@ -210,32 +207,30 @@ def _stream_containers(src: Pull, col: _Collector, ctx: ScanContext, on_entry, k
         stats["fatbin_bytes"] += fatbin.read_container(src, ctx.limits, on_entry)
 
 
-def _entry_code(entry: fatbin.Entry, payload, col: _Collector, ctx: ScanContext, label: str):
+def _entry_code(entry: fatbin.Entry, payload, col: _Collector, label: str, layers) -> None:
     col.scan.stats["fatbin_entries"] += 1
     col.scan.stats[f"fatbin_{entry.compression}"] += 1
     what = f"{label}: fatbin entry at {entry.offset}"
-    return _device_code(entry.kind, payload, entry.unpacked, ctx, what, entry.arch)
+    stored = entry.header_size + entry.stored
+    _device_code(
+        col, entry.kind, payload, entry.unpacked, what, layers, stored, entry.compression, entry.arch
+    )
 
 
-def _device_code(kind: str, windows, size: int, ctx: ScanContext, what: str, arch: str = ""):
-    """Summarize a cubin or PTX payload given as consecutive windows of bytes."""
-    if kind == "cubin":
-        with SpanStore(size, ctx.limits.retained_in_memory, what, ctx.budget) as store:
-            at = 0
-            for data in windows:
-                store.add(at, data)
-                at += len(data)
-            return summarize_cubin(store, ctx.rules, ctx.limits, what, arch)
-    if kind == "ptx":
-        return summarize_ptx(_offsets(windows), ctx.rules, ctx.limits, what, arch)
-    return None  # other entry kinds: left undecompressed
-
-
-def _offsets(windows):
-    at = 0
-    for data in windows:
-        yield at, data
-        at += len(data)
+def _device_code(col, kind, windows, size, what, layers, stored, compression="none", arch="") -> None:
+    """Summarize a cubin or PTX payload (consecutive windows of bytes) into `col`; `layers` =
+    (for its translation units, for its names), or a function of the code kind giving them."""
+    if kind not in ("cubin", "ptx"):
+        return  # other entry kinds: left undecompressed
+    ctx = col.ctx
+    with SpanStore(size, ctx.limits.retained_in_memory, what, ctx.budget) as store:
+        at = 0
+        for data in windows:
+            store.add(at, data)
+            at += len(data)
+        summarize = summarize_cubin if kind == "cubin" else summarize_ptx
+        code = summarize(store, ctx.rules, ctx.limits, what, arch)
+        col.add_device(code, layers(code.kind) if callable(layers) else layers, stored, size, compression)
 
 
 def _merged(spans):
@@ -387,14 +382,13 @@ def scan_member(
     elif kind in ("zip", "tar"):  # an archive inside the wheel: scan what it holds
         nested.scan_archive(kind, src, col, ctx, depth, scan_member)
     elif kind in ("fatbin", "binary"):  # a shipped fatbin, or fatbins hidden in any binary file
-        _stream_containers(src, col, ctx, lambda e, p: _shipped_entry(e, p, col, ctx, name), _discard)
+        _stream_containers(src, col, ctx, lambda e, p: _shipped_entry(e, p, col, name), _discard)
         scan.stats[f"shipped_{kind}"] += 1
     elif kind in ("cubin", "ptx"):
         if unpacked > ctx.limits.max_entry_unpacked:
             raise MalformedBinaryError(f"{name}: {unpacked}-byte device file is over the limit")
         windows = (data for _, data in src.pieces())
-        code = _device_code(kind, windows, unpacked, ctx, name)
-        col.add_device(code, (f"shipped-{kind}",) * 2, unpacked, unpacked, "none")
+        _device_code(col, kind, windows, unpacked, name, (f"shipped-{kind}",) * 2, unpacked)
         scan.stats[f"shipped_{kind}"] += 1
     else:
         _scan_text(src, scan, ctx)
@@ -406,7 +400,9 @@ def _discard(offset: int, data: bytes) -> None:
     pass
 
 
-def _shipped_entry(entry: fatbin.Entry, payload, col: _Collector, ctx: ScanContext, name: str) -> None:
-    code = _entry_code(entry, payload, col, ctx, name)
-    if code is not None:
-        col.add_entry(code, ("shipped-fatbin", "shipped-fatbin"), entry)
+def _shipped_entry(entry: fatbin.Entry, payload, col: _Collector, name: str) -> None:
+    _entry_code(entry, payload, col, name, ("shipped-fatbin", "shipped-fatbin"))
+
+
+def _embedded_layers(kind: str) -> tuple[str, str]:
+    return "fatbin-tu", "ptx-entry" if kind == "ptx" else "fatbin-kernel"
