@@ -196,11 +196,13 @@ class HitStrings:
     A name starting at `off` contains a hit iff an interval has start <= off <= last hit.
     """
 
+    STEP = WINDOW  # table bytes read at a time
+
     def __init__(self, elf: ElfFile, strtab: Section, rules, limits: Limits):
         self.starts, self.lasts = array("q"), array("q")
         base0 = strtab.offset
         last_nul = -1  # offset in the table of the last NUL before the current window
-        windows = context_windows(elf.chunks(strtab), rules.longest_literal)
+        windows = context_windows(elf.chunks(strtab, self.STEP), rules.longest_literal)
         for base, data, lo, hi in windows:
             find = rules.finder(data, lo, hi)
             p = find.find(lo)
