@@ -212,6 +212,12 @@ def test_python_jit_sources_and_metadata_are_routed_not_findings(tmp_path, capsy
     assert ("pkg/ops.py", "python", "bmm_fp8") in routed
     assert ("pkg/jit/kernels/router.cuh", "jit-source", "dsv3_router_gemm") in routed
     assert ("demo-0.1.dist-info/METADATA", "metadata", "dsv3_router_gemm") in routed
+    assert main(["audit", "--no-progress", str(wheel)]) == 0
+    # files, not mentions: 2 Python files (4 mentions), 1 JIT source, 1 METADATA
+    assert (
+        "op names mentioned in 4 files (1 in jit-source, 1 in metadata, 2 in python; 6 mentions)"
+        in capsys.readouterr().out
+    )
 
 
 @needs_gxx

@@ -76,11 +76,11 @@ def audit_one(path: str, ctx: ScanContext, jobs=None, progress=None) -> tuple[di
     try:
         scan = scan_wheel(path, ctx, jobs=jobs, progress=progress)
     except AuditInputError as exc:
-        return error_result(path, str(exc), time.perf_counter() - start), EXIT_UNREADABLE
+        return error_result(path, str(exc), time.perf_counter() - start, EXIT_UNREADABLE), EXIT_UNREADABLE
     except MissingDependencyError as exc:
-        return error_result(path, str(exc), time.perf_counter() - start), EXIT_MISSING
+        return error_result(path, str(exc), time.perf_counter() - start, EXIT_MISSING), EXIT_MISSING
     result = audit_result(scan, ctx.rules)
-    return result, EXIT_CLEAN if result["clean"] else EXIT_FOUND
+    return result, result["exit_code"]
 
 
 def run(args) -> int:

@@ -33,7 +33,13 @@ FLAG_LZ4, FLAG_ZSTD = 0x2000, 0x8000
 FLAG_ARCH_SPECIFIC, FLAG_FAMILY = 0x100000, 0x200000
 KINDS = {1: "ptx", 2: "cubin"}
 ZSTD_READ = 16 << 10  # compressed bytes read at a time: a bomb is caught within 1000 x this
-_REINSTALL = "it is a dependency of slim-kernel; reinstall slim-kernel or pip install lz4 zstandard"
+
+
+def _missing(what: str, kind: str, package: str) -> MissingDependencyError:
+    return MissingDependencyError(
+        f"{what}: reading {kind} payloads needs the '{package}' package, a dependency of slim-kernel "
+        f"that is not installed: pip install {package}"
+    )
 
 
 @dataclass(frozen=True)
@@ -148,7 +154,7 @@ def _lz4(data: bytes, usize: int, what: str) -> bytes:
     try:
         import lz4.block
     except ImportError:
-        raise MissingDependencyError(f"{what}: LZ4 payloads need the 'lz4' package: {_REINSTALL}") from None
+        raise _missing(what, "LZ4", "lz4") from None
     try:
         out = lz4.block.decompress(data, uncompressed_size=usize)
     except Exception as exc:  # lz4.block.LZ4BlockError and size errors
@@ -163,9 +169,7 @@ def _zstd(raw: SubReader, usize: int, limits: Limits, what: str):
     try:
         import zstandard
     except ImportError:
-        raise MissingDependencyError(
-            f"{what}: zstd payloads need the 'zstandard' package: {_REINSTALL}"
-        ) from None
+        raise _missing(what, "zstd", "zstandard") from None
     got = 0
     try:
         reader = zstandard.ZstdDecompressor().stream_reader(raw, read_size=ZSTD_READ, closefd=False)

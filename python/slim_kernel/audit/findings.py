@@ -84,6 +84,7 @@ def audit_result(scan: WheelScan, rules: Rules) -> dict:
     ops_found = sorted({f["op"] for f in findings})
     return {
         "wheel": scan.path,
+        "exit_code": 1 if findings else 0,
         "clean": not findings,
         "ops_found": ops_found,
         "findings": findings,
@@ -97,7 +98,7 @@ def audit_result(scan: WheelScan, rules: Rules) -> dict:
     }
 
 
-def error_result(path: str, message: str, seconds: float) -> dict:
+def error_result(path: str, message: str, seconds: float, exit_code: int) -> dict:
     return {
         "wheel": path,
         "clean": False,
@@ -105,6 +106,7 @@ def error_result(path: str, message: str, seconds: float) -> dict:
         "findings": [],
         "seconds": round(seconds, 3),
         "error": message,
+        "exit_code": exit_code,
     }
 
 
@@ -112,7 +114,8 @@ def human_report(result: dict, examples: int = 3) -> str:
     lines = []
     name = result["wheel"]
     if "error" in result:
-        return f"{name}: UNREADABLE: {result['error']}"
+        label = "MISSING DEPENDENCY" if result["exit_code"] == 3 else "UNREADABLE"
+        return f"{name}: {label}: {result['error']}"
     verdict = "CLEAN" if result["clean"] else f"RETIRED AOT CODE FOUND: {', '.join(result['ops_found'])}"
     lines.append(f"{name}: {verdict}")
     lines.append(
