@@ -194,15 +194,18 @@ def tar_of_zeros_parts(name: str, size: int) -> list[tuple[bytes, int]]:
 
 def zstd_ptx_fatbin(entries: int, csize: int) -> bytes:
     """`entries` PTX entries declaring `csize` compressed -> 1000 x `csize` bytes (the ratio
-    cap): each a zstd frame of zeros padded with zeros to `csize`."""
+    cap): each a zstd frame of zeros padded to `csize` with a skippable frame (so a reader that
+    trusts the declared sizes decompresses it all, without error)."""
     import zstandard
 
     usize = 1000 * csize
     comp = zstandard.ZstdCompressor(level=1).compressobj()
     zero = bytes(16 * MiB)
-    frame = b"".join(comp.compress(zero) for _ in range(usize // len(zero))) + comp.flush()
-    assert len(frame) < csize
-    payload = frame + b"\0" * (csize - len(frame))
+    full, rest = divmod(usize, len(zero))
+    frame = b"".join(comp.compress(zero) for _ in range(full)) + comp.compress(zero[:rest]) + comp.flush()
+    skip = csize - len(frame) - 8
+    assert skip >= 0
+    payload = frame + struct.pack("<II", 0x184D2A50, skip) + b"\0" * skip
     head = struct.pack("<HHIQIIHHIIIQQQ", 1, 0x101, 64, csize, csize, 0, 8, 1, 90, 0, 0, 0x8011, 0, usize)
     body = (head + payload) * entries
     return struct.pack("<IHHQ", 0xBA55ED50, 1, 16, len(body)) + body

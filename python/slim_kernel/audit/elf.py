@@ -122,7 +122,7 @@ class ElfFile:
                 budget -= len(text)
                 if budget < 0:
                     raise MalformedBinaryError(
-                        f"{self.what}: section names total more than {self.limits.max_section_names} bytes"
+                        f"{self.what}: section names total more than {self.limits.max_section_names:,} bytes"
                     )
                 decoded[name] = text.decode("latin-1")
             sections.append(Section(i, decoded[name], typ, flags, off, size, link, ent))
