@@ -77,7 +77,7 @@ def summarize_cubin(data, rules: Rules, limits: Limits, what: str, arch: str = "
     if strtab is not None:
         for m in window_matches(_TU, context_windows(elf.chunks(strtab), OVERLAP)):
             tus.add(m.string, m)
-    kernels = sum(s.name.startswith(".text.") for s in elf.sections)
+    kernels = sum(1 for s in elf.sections if s.name.startswith(".text."))
     code = DeviceCode(
         "cubin", arch or cubin_arch(elf), tuple(tus.found), tus.ops(rules), kernel_count=kernels
     )

@@ -12,6 +12,7 @@ import struct
 from array import array
 from bisect import bisect_right
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from .limits import Limits, MalformedBinaryError
 from .stream import WINDOW, context_windows
@@ -24,8 +25,7 @@ SHN_UNDEF, SHN_XINDEX = 0, 0xFFFF
 MAX_NAME = 4 << 10  # symbol name bytes read; longer names are cut (real: 172)
 
 
-@dataclass(frozen=True)
-class Section:
+class Section(NamedTuple):  # a tuple: cubins have thousands of sections
     index: int
     name: str
     type: int
@@ -100,7 +100,7 @@ class ElfFile:
         if shnum > self.limits.max_sections:
             raise MalformedBinaryError(f"{self.what}: {shnum} sections exceed the limit")
         table = self._read(shoff, shnum * entsize)
-        raw = [struct.unpack_from(fmt, table, i * entsize) for i in range(shnum)]
+        raw = list(struct.iter_unpack(fmt, table))
         names = b""
         if 0 < shstrndx < shnum:
             s = raw[shstrndx]
@@ -117,15 +117,15 @@ class ElfFile:
                 raise MalformedBinaryError(
                     f"{self.what}: truncated ELF (section {i} ends at {off + size}, file has {self.size})"
                 )
-            if name not in decoded:
-                text = cstr(names, name)
+            text = decoded.get(name)
+            if text is None:
+                text = decoded[name] = cstr(names, name).decode("latin-1")
                 budget -= len(text)
                 if budget < 0:
                     raise MalformedBinaryError(
                         f"{self.what}: section names total more than {self.limits.max_section_names:,} bytes"
                     )
-                decoded[name] = text.decode("latin-1")
-            sections.append(Section(i, decoded[name], typ, flags, off, size, link, ent))
+            sections.append(Section(i, text, typ, flags, off, size, link, ent))
         return sections
 
     # -- queries ----------------------------------------------------------------------------

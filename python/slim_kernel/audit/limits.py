@@ -59,7 +59,10 @@ class Limits:
     max_symbols: int = 4_000_000  # per symbol table
     max_hit_strings: int = 100_000  # strings of one string table holding a retired-op literal (real: 28)
     max_candidates: int = 50_000  # names per member examined for retired ops (real: 1,254)
-    max_hits_per_member: int = 1_000  # evidence kept per member and layer, + first of each op (real: 206)
+    max_hits_per_member: int = (
+        1_000  # distinct evidence kept per member and layer, + first of each op (real: 206)
+    )
+    max_repeats: int = 50_000  # the same evidence again (other archs/cubins) per member (real: 1,030)
     max_fatbin_headers: int = 250_000  # fatbin containers + entries per wheel (sgl-kernel 0.3.21: 1,869)
     max_text_lines: int = 10_000  # routed/info lines examined per text member
 

@@ -107,7 +107,8 @@ def classify(name: str, head: bytes) -> str:
 class _Collector:
     """Gathers one member's candidate names, demangles them in batches, attributes ops, and
     keeps bounded evidence: every candidate is examined (at most `max_candidates`), at most
-    `max_hits_per_member` findings are kept per layer, plus the first of each further op."""
+    `max_hits_per_member` distinct findings are kept per layer, plus the first of each further
+    op, and `max_repeats` repeats of kept ones."""
 
     def __init__(self, scan: MemberScan, ctx: ScanContext):
         self.scan, self.ctx = scan, ctx
@@ -116,6 +117,8 @@ class _Collector:
         self._kept: Counter = Counter()
         self._extra: Counter = Counter()
         self._ops: set[tuple[str, str]] = set()
+        self._evidence: dict[tuple[str, str, str], str] = {}
+        self._repeats = 0
 
     def add(
         self, layer: str, name: str, size: int = 0, arch: str = "", ops: tuple[str, ...] = (), what: str = ""
@@ -130,18 +133,28 @@ class _Collector:
             self._flush()
 
     def hit(self, hit: Hit) -> None:
-        """Keep a finding unless its layer already holds enough evidence."""
-        cap, key = self.ctx.limits.max_hits_per_member, (hit.layer, hit.op)
-        if self._kept[hit.layer] < cap:
+        """Keep a finding unless its layer already holds enough distinct evidence; the same
+        evidence again (another arch, another cubin: its bytes count for `size`) shares the
+        kept string, up to `max_repeats` per member."""
+        if len(hit.evidence) > EVIDENCE_MAX:
+            hit.evidence = hit.evidence[: EVIDENCE_MAX - 3] + "..."
+        lim, key = self.ctx.limits, (hit.layer, hit.op, hit.evidence)
+        kept = self._evidence.get(key)
+        if kept is not None:
+            if self._repeats >= lim.max_repeats:
+                self.scan.stats["evidence_dropped"] += 1
+                return
+            self._repeats += 1
+            hit.evidence = kept
+        elif self._kept[hit.layer] < lim.max_hits_per_member:
             self._kept[hit.layer] += 1
-        elif key not in self._ops and self._extra[hit.layer] < cap:
-            self._extra[hit.layer] += 1
+        elif (hit.layer, hit.op) not in self._ops and self._extra[hit.layer] < lim.max_hits_per_member:
+            self._extra[hit.layer] += 1  # the first finding of each further op is always kept
         else:
             self.scan.stats["evidence_dropped"] += 1
             return
-        self._ops.add(key)
-        if len(hit.evidence) > EVIDENCE_MAX:
-            hit.evidence = hit.evidence[: EVIDENCE_MAX - 3] + "..."
+        self._evidence.setdefault(key, hit.evidence)
+        self._ops.add((hit.layer, hit.op))
         self.scan.hits.append(hit)
 
     def add_device(self, code: DeviceCode, layers: tuple[str, str], stored: int, unpacked: int, comp: str):

@@ -61,7 +61,8 @@ class Pull:
             )
         if len(self.buf) < n:
             self.fill(n)
-        out = bytes(self.buf[:n])
+        with memoryview(self.buf) as view:  # one copy (a bytearray slice would be a second)
+            out = bytes(view[:n])
         del self.buf[:n]
         self.pos += n
         return out
