@@ -313,6 +313,19 @@ def empty_fatbins(d: Path) -> Path:
     return wheel_with(d / "emptyfat.whl", [(f"pkg/blobs/b{i}.bin", *member[1:]) for i in range(256)])
 
 
+def ar_members(d: Path) -> Path:
+    head = b"x.o/".ljust(16) + b"0".ljust(12) + b"0".ljust(6) * 2 + b"644".ljust(8) + b"2".ljust(10) + b"`\n"
+    unit = head + b"\0\0"  # a 2-byte ar member
+    member = deflated("x", [(b"!<arch>\n", 1), (unit * (BLOCK // len(unit)), 4)])
+    return wheel_with(d / "armembers.whl", [(f"pkg/lib/lib{i}.a", *member[1:]) for i in range(256)])
+
+
+def tar_members(d: Path) -> Path:
+    block = tar_header("e", 0) * (BLOCK // 512)
+    member = deflated("x", [(block, 3), (block[:-1024] + b"\0" * 1024, 1)])  # 4 MiB: the ratio floor
+    return wheel_with(d / "tarmembers.whl", [(f"pkg/data/t{i}.tar", *member[1:]) for i in range(256)])
+
+
 def nested_stored_zip(d: Path) -> Path:
     return wheel_with(
         d / "nestedzip.whl", [deflated("pkg/vendor/inner.zip", inner_stored_zip_parts(100 * MiB, 5))]
@@ -330,6 +343,9 @@ CASES = {
     "targz_4g": (targz_4g, {2}, "expands more than 200:1"),
     "targz_nested_8g": (targz_nested_8g, {2}, "expands more than 200:1"),
     "zstd_at_cap": (zstd_at_cap, {2}, "expands more than 1000:1"),
-    "empty_fatbins": (empty_fatbins, {2}, "fatbin headers"),
+    "empty_fatbins": (empty_fatbins, {2}, "headers (fatbin"),
     "nested_stored_zip": (nested_stored_zip, {0}, None),
+    # the same trick as empty_fatbins with other headers: 4 MiB members of tiny ar and tar members
+    "ar_members": (ar_members, {2}, "headers (fatbin"),
+    "tar_members": (tar_members, {2}, "headers (fatbin"),
 }

@@ -32,6 +32,7 @@ class MissingDependencyError(Exception):
 
 MiB = 1 << 20
 GiB = 1 << 30
+NESTED_MEMBER_WEIGHT = 10
 
 
 @dataclass(frozen=True)
@@ -59,22 +60,24 @@ class Limits:
     max_symbols: int = 4_000_000  # per symbol table
     max_hit_strings: int = 100_000  # strings of one string table holding a retired-op literal (real: 28)
     max_candidates: int = 50_000  # names per member examined for retired ops (real: 1,254)
-    max_hits_per_member: int = (
-        1_000  # distinct evidence kept per member and layer, + first of each op (real: 206)
-    )
+    # distinct evidence kept per member and layer, plus the first of each further op (real: 206)
+    max_hits_per_member: int = 1_000
     max_repeats: int = 50_000  # the same evidence again (other archs/cubins) per member (real: 1,030)
-    max_fatbin_headers: int = 250_000  # fatbin containers + entries per wheel (sgl-kernel 0.3.21: 1,869)
+    # fatbin containers and entries and ar members per wheel; a member of a nested archive counts
+    # NESTED_MEMBER_WEIGHT times (reading one costs about as much). sgl-kernel 0.3.21: 1,869.
+    max_headers: int = 250_000
     max_text_lines: int = 10_000  # routed/info lines examined per text member
 
 
 @dataclass
 class Budget:
     """Work done so far for one wheel (or one worker's share of it): the wall-clock deadline
-    and the fatbin headers read. Checked by every reader between reads of at most 1 MiB."""
+    and the headers read (each costs a little Python, however small: so they are counted).
+    The time is checked by every reader between reads of at most 1 MiB."""
 
     deadline: float = math.inf  # time.monotonic() value (system-wide, so valid in workers)
     seconds: float = math.inf  # the limit, for the message
-    fatbin_headers: int = 0
+    headers: int = 0
 
     @classmethod
     def starting_now(cls, limits: Limits) -> Budget:
@@ -89,12 +92,17 @@ class Budget:
     def left(self) -> float:
         return max(self.deadline - time.monotonic(), 0.0)
 
-    def count_fatbin_header(self, limits: Limits, what: str) -> None:
-        self.fatbin_headers += 1
-        if self.fatbin_headers > limits.max_fatbin_headers:
-            raise HostileArchiveError(
-                f"{what}: more than {limits.max_fatbin_headers:,} fatbin headers in this wheel (hostile?)"
-            )
+    def count_header(self, limits: Limits, what: str, weight: int = 1) -> None:
+        self.headers += weight
+        if self.headers > limits.max_headers:
+            raise HostileArchiveError(f"{what}: {too_many_headers(limits)}")
+
+
+def too_many_headers(limits: Limits) -> str:
+    return (
+        f"more than {limits.max_headers:,} headers (fatbin containers and entries, ar members, "
+        f"nested-archive members x {NESTED_MEMBER_WEIGHT}) in this wheel (hostile?)"
+    )
 
 
 def check_ratio(produced: int, consumed: int, limits: Limits, what: str) -> None:

@@ -22,7 +22,7 @@ import tarfile
 import zipfile
 import zlib
 
-from .limits import AuditInputError, HostileArchiveError, check_ratio
+from .limits import NESTED_MEMBER_WEIGHT, AuditInputError, HostileArchiveError, check_ratio
 from .stream import SubReader
 from .wheel import Member, MemberStream, check_name, check_sizes
 
@@ -53,6 +53,7 @@ def scan_archive(kind: str, src, col, ctx, depth: int, scan_member) -> None:
         raise HostileArchiveError(f"{scan.member}: archives nested more than {MAX_DEPTH} deep")
     try:
         for stream, name, unpacked, compressed in (_zip_members if kind == "zip" else _tar_members)(src, ctx):
+            ctx.budget.count_header(ctx.limits, name, NESTED_MEMBER_WEIGHT)
             _merge(col, scan_member(stream, name, unpacked, compressed, ctx, depth=depth + 1))
         src.skip(src.remaining)  # the rest (a central directory, padding) still gets its CRC checked
     except AuditInputError as exc:

@@ -16,7 +16,7 @@ import time
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import dataclass, field, replace
 
-from .limits import AuditInputError, Budget, HostileArchiveError, MalformedBinaryError, MiB
+from .limits import AuditInputError, Budget, HostileArchiveError, MalformedBinaryError, MiB, too_many_headers
 from .scan import MemberScan, ScanContext, scan_member
 from .wheel import Member, WheelArchive, open_member
 
@@ -102,7 +102,8 @@ def _init_worker(queue) -> None:
     _QUEUE = queue
 
 
-def _scan_task(path: str, members: list[Member], ctx: ScanContext, report=None) -> list[MemberScan]:
+def _scan_task(path: str, members: list[Member], ctx: ScanContext, report=None):
+    """Scan `members`; returns their scans and the headers counted in `ctx.budget`."""
     pending = [0]
 
     def on_progress(n: int) -> None:
@@ -123,7 +124,7 @@ def _scan_task(path: str, members: list[Member], ctx: ScanContext, report=None) 
                     f"{m.name}: malformed content ({type(exc).__name__}: {exc})"
                 ) from None
     _emit(report, pending[0])
-    return out
+    return out, ctx.budget.headers
 
 
 def _emit(report, n: int) -> None:
@@ -171,7 +172,7 @@ def scan_wheel(
     try:
         if jobs == 1 or total < POOL_THRESHOLD or len(tasks) == 1:
             for task in tasks:
-                result.scans.extend(_scan_task(result.path, task, ctx, bar.update))
+                result.scans.extend(_scan_task(result.path, task, ctx, bar.update)[0])
         else:
             result.scans.extend(_run_pool(result.path, tasks, ctx, jobs, bar))
     finally:
@@ -180,15 +181,6 @@ def scan_wheel(
     result.scans.sort(key=lambda s: order[s.member])
     result.seconds = time.perf_counter() - start
     return result
-
-
-def _fatbin_headers(scans: list[MemberScan], ctx: ScanContext, total: int) -> int:
-    total += sum(s.stats["fatbin_containers"] + s.stats["fatbin_entries"] for s in scans)
-    if total > ctx.limits.max_fatbin_headers:
-        raise HostileArchiveError(
-            f"more than {ctx.limits.max_fatbin_headers:,} fatbin headers in this wheel (hostile?)"
-        )
-    return total
 
 
 def _run_pool(path: str, tasks: list[list[Member]], ctx: ScanContext, jobs: int, bar: Progress):
@@ -215,8 +207,10 @@ def _run_pool(path: str, tasks: list[list[Member]], ctx: ScanContext, jobs: int,
             done, _ = wait(running, timeout=0.2, return_when=FIRST_COMPLETED)
             drain()
             for fut in done:
-                scans = results[running.pop(fut)] = fut.result()  # raise the first error now
-                headers = _fatbin_headers(scans, ctx, headers)
+                results[running.pop(fut)], n = fut.result()  # raise the first error now
+                headers += n  # each task counted its own (from the same zero): the wheel's total
+                if headers > ctx.limits.max_headers:
+                    raise HostileArchiveError(too_many_headers(ctx.limits))
                 for i, task in itertools.islice(todo, 1):
                     running[pool.submit(_scan_task, path, task, ctx)] = i
             ctx.budget.check_time()

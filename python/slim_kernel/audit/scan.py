@@ -313,6 +313,7 @@ def _scan_ar(src: Pull, col: _Collector, ctx: ScanContext, label: str) -> None:
     src.take(len(AR_MAGIC))
     long_names = b""
     while src.remaining >= 60:
+        src.budget.count_header(ctx.limits, label)
         head = src.take(60)
         if head[58:60] != b"`\n":
             raise MalformedBinaryError(f"{label}: bad ar member header at {src.pos - 60}")
