@@ -210,9 +210,10 @@ def test_too_many_fatbin_headers_and_text_lines_are_bounded():
     from slim_kernel.audit.scan import ScanContext, scan_member
 
     blob = fatbin_of([(tiny_elf(["k"]), 90, 0x11)] * 20)
-    ctx = ScanContext(Rules(), Limits(max_headers=10, max_text_lines=100))
-    with pytest.raises(AuditInputError, match="more than 10 headers"):
+    ctx = ScanContext(Rules(), Limits(max_items=10))
+    with pytest.raises(AuditInputError, match="more than 10 items"):
         scan_member(io.BytesIO(blob), "k.fatbin", len(blob), len(blob), ctx)
     text = b"y = bmm_fp8(x)\n" * 30_000
+    ctx = ScanContext(Rules(), Limits(max_text_lines=100))
     scan = scan_member(io.BytesIO(text), "pkg/a.py", len(text), len(text), ctx)
     assert scan.routed[0]["count"] == 100 and scan.stats["routed_truncated"] == 1

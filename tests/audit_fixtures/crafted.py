@@ -343,9 +343,9 @@ CASES = {
     "targz_4g": (targz_4g, {2}, "expands more than 200:1"),
     "targz_nested_8g": (targz_nested_8g, {2}, "expands more than 200:1"),
     "zstd_at_cap": (zstd_at_cap, {2}, "expands more than 1000:1"),
-    "empty_fatbins": (empty_fatbins, {2}, "headers (fatbin"),
+    "empty_fatbins": (empty_fatbins, {2}, "items to examine"),
     "nested_stored_zip": (nested_stored_zip, {0}, None),
     # the same trick as empty_fatbins with other headers: 4 MiB members of tiny ar and tar members
-    "ar_members": (ar_members, {2}, "headers (fatbin"),
-    "tar_members": (tar_members, {2}, "headers (fatbin"),
+    "ar_members": (ar_members, {2}, "items to examine"),
+    "tar_members": (tar_members, {2}, "items to examine"),
 }

@@ -68,9 +68,9 @@ def cubin_arch(elf: ElfFile) -> str:
     return f"sm_{sm}{'a' if specific else ''}"
 
 
-def summarize_cubin(data, rules: Rules, limits: Limits, what: str, arch: str = "") -> DeviceCode:
+def summarize_cubin(data, rules: Rules, limits: Limits, what: str, arch: str = "", budget=None) -> DeviceCode:
     """`data`: the cubin (bytes, or a `SpanStore` holding it). `names` is read lazily from
-    `data`: consume it while `data` is open."""
+    `data`: consume it while `data` is open. `budget`: the wheel's `Budget`, if any."""
     elf = ElfFile(data, limits, what)
     strtab = elf.section(".strtab")
     tus = _Tus(limits, what)
@@ -81,11 +81,11 @@ def summarize_cubin(data, rules: Rules, limits: Limits, what: str, arch: str = "
     code = DeviceCode(
         "cubin", arch or cubin_arch(elf), tuple(tus.found), tus.ops(rules), kernel_count=kernels
     )
-    code.names = _cubin_names(elf, code, rules, limits, what)
+    code.names = _cubin_names(elf, code, rules, limits, what, budget)
     return code
 
 
-def _cubin_names(elf: ElfFile, code: DeviceCode, rules: Rules, limits: Limits, what: str):
+def _cubin_names(elf: ElfFile, code: DeviceCode, rules: Rules, limits: Limits, what: str, budget):
     """Kernels (`.text.<name>` sections) and defined symbols that may name a retired op; every
     kernel when the cubin's translation unit is retired. Each name once (by hash)."""
     seen: set[int] = set()
@@ -105,7 +105,7 @@ def _cubin_names(elf: ElfFile, code: DeviceCode, rules: Rules, limits: Limits, w
     symtab = elf.section(".symtab")
     if symtab is None:
         return
-    hits = HitStrings(elf, elf.linked(symtab), rules, limits)
+    hits = HitStrings(elf, elf.linked(symtab), rules, limits, budget)
     if hits:
         for sym in elf.iter_symbols(symtab, hits):
             name = sym.name.decode("latin-1")

@@ -14,7 +14,7 @@ from bisect import bisect_right
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from .limits import Limits, MalformedBinaryError
+from .limits import Budget, Limits, MalformedBinaryError
 from .stream import WINDOW, context_windows
 
 ELF_MAGIC = b"\x7fELF"
@@ -198,7 +198,8 @@ class HitStrings:
 
     STEP = WINDOW  # table bytes read at a time
 
-    def __init__(self, elf: ElfFile, strtab: Section, rules, limits: Limits):
+    def __init__(self, elf: ElfFile, strtab: Section, rules, limits: Limits, budget: Budget | None = None):
+        budget = budget or Budget()
         self.starts, self.lasts = array("q"), array("q")
         base0 = strtab.offset
         last_nul = -1  # offset in the table of the last NUL before the current window
@@ -221,6 +222,7 @@ class HitStrings:
                         "hold retired op names (hostile?)"
                     )
                 else:
+                    budget.count(limits, elf.what)
                     self.starts.append(start)
                     self.lasts.append(last)
                 if end < 0:

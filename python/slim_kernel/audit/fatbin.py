@@ -72,7 +72,7 @@ def read_container(src, limits: Limits, on_entry) -> int:
     magic, version, hsize, fat_size = struct.unpack("<IHHQ", src.take(16))
     if magic != MAGIC or version != 1 or hsize != 16:
         raise MalformedBinaryError(f"{src.what}: bad fatbin header at offset {at}")
-    src.budget.count_header(limits, src.what)
+    src.budget.count(limits, src.what)
     if fat_size > src.remaining:
         raise MalformedBinaryError(
             f"{src.what}: fatbin header at offset {at} declares {fat_size} bytes of entries, "
@@ -88,7 +88,7 @@ def read_container(src, limits: Limits, on_entry) -> int:
                 )
             break
         entry, csize = _read_entry(src, end, limits)
-        src.budget.count_header(limits, src.what)
+        src.budget.count(limits, src.what)
         start = src.pos
         on_entry(entry, _payload(src, entry, csize, limits))
         src.skip(start + entry.stored - src.pos)

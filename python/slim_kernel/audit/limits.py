@@ -63,21 +63,23 @@ class Limits:
     # distinct evidence kept per member and layer, plus the first of each further op (real: 206)
     max_hits_per_member: int = 1_000
     max_repeats: int = 50_000  # the same evidence again (other archs/cubins) per member (real: 1,030)
-    # fatbin containers and entries and ar members per wheel; a member of a nested archive counts
-    # NESTED_MEMBER_WEIGHT times (reading one costs about as much). sgl-kernel 0.3.21: 1,869.
-    max_headers: int = 250_000
+    # items per wheel that cost a little Python each, however small they are made: fatbin
+    # containers and entries, ar members, members of nested archives (NESTED_MEMBER_WEIGHT each:
+    # reading one costs about as much), strings and text lines holding a retired-op literal, names
+    # examined. sgl-kernel 0.3.21: 6,262.
+    max_items: int = 250_000
     max_text_lines: int = 10_000  # routed/info lines examined per text member
 
 
 @dataclass
 class Budget:
     """Work done so far for one wheel (or one worker's share of it): the wall-clock deadline
-    and the headers read (each costs a little Python, however small: so they are counted).
+    and the items examined (`Limits.max_items`).
     The time is checked by every reader between reads of at most 1 MiB."""
 
     deadline: float = math.inf  # time.monotonic() value (system-wide, so valid in workers)
     seconds: float = math.inf  # the limit, for the message
-    headers: int = 0
+    items: int = 0
 
     @classmethod
     def starting_now(cls, limits: Limits) -> Budget:
@@ -92,16 +94,16 @@ class Budget:
     def left(self) -> float:
         return max(self.deadline - time.monotonic(), 0.0)
 
-    def count_header(self, limits: Limits, what: str, weight: int = 1) -> None:
-        self.headers += weight
-        if self.headers > limits.max_headers:
-            raise HostileArchiveError(f"{what}: {too_many_headers(limits)}")
+    def count(self, limits: Limits, what: str, weight: int = 1) -> None:
+        self.items += weight
+        if self.items > limits.max_items:
+            raise HostileArchiveError(f"{what}: {too_many_items(limits)}")
 
 
-def too_many_headers(limits: Limits) -> str:
+def too_many_items(limits: Limits) -> str:
     return (
-        f"more than {limits.max_headers:,} headers (fatbin containers and entries, ar members, "
-        f"nested-archive members x {NESTED_MEMBER_WEIGHT}) in this wheel (hostile?)"
+        f"more than {limits.max_items:,} items to examine in this wheel (fatbin headers, archive "
+        "members, strings, lines and names that hold retired-op names; hostile?)"
     )
 
 

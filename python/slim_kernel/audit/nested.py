@@ -2,10 +2,12 @@
 read as forward-only streams and their members scanned like the wheel's own, so compiled code
 cannot hide there. Nothing is written to disk.
 
-A nested zip is read by its local headers, in order (its central directory, at the end, is
-never needed): declared sizes get the same limits as the wheel's members, data is inflated with
-the same bounded, CRC-checked reader. Members whose sizes follow their data (a data
-descriptor, general-purpose flag bit 3) cannot be streamed and are refused. A tar is read with
+A nested zip of at most `ZIP_IN_MEMORY` bytes (TorchScript archives, small vendored wheels) is
+read into memory and opened like the wheel itself (central directory, same checks). A larger
+one is read by its local headers, in order: declared sizes get the same limits as the wheel's
+members, data is inflated with the same bounded, CRC-checked reader; a member whose sizes
+follow its data (a data descriptor, flag bit 3) cannot be delimited that way and is refused.
+A tar is read with
 tarfile's stream mode; a gzip/bz2/xz layer is decompressed here so its ratio can be bounded
 like a zip member's. Nesting deeper than `MAX_DEPTH` is refused. Evidence from inside is
 prefixed with the inner path.
@@ -24,9 +26,10 @@ import zlib
 
 from .limits import NESTED_MEMBER_WEIGHT, AuditInputError, HostileArchiveError, check_ratio
 from .stream import SubReader
-from .wheel import Member, MemberStream, check_name, check_sizes
+from .wheel import Member, MemberStream, WheelArchive, check_name, check_sizes, open_member
 
 MAX_DEPTH = 3
+ZIP_IN_MEMORY = 16 << 20
 ZIP_MAGIC = b"PK\x03\x04"
 _ZIP_END = (b"PK\x01\x02", b"PK\x05\x06", b"PK\x06\x06", b"PK\x06\x07")  # central directory, EOCD
 _TAR_NAMES = (".tar", ".tar.gz", ".tgz", ".tar.bz2", ".tbz2", ".tar.xz", ".txz")
@@ -53,7 +56,7 @@ def scan_archive(kind: str, src, col, ctx, depth: int, scan_member) -> None:
         raise HostileArchiveError(f"{scan.member}: archives nested more than {MAX_DEPTH} deep")
     try:
         for stream, name, unpacked, compressed in (_zip_members if kind == "zip" else _tar_members)(src, ctx):
-            ctx.budget.count_header(ctx.limits, name, NESTED_MEMBER_WEIGHT)
+            ctx.budget.count(ctx.limits, name, NESTED_MEMBER_WEIGHT)
             _merge(col, scan_member(stream, name, unpacked, compressed, ctx, depth=depth + 1))
         src.skip(src.remaining)  # the rest (a central directory, padding) still gets its CRC checked
     except AuditInputError as exc:
@@ -64,7 +67,12 @@ def scan_archive(kind: str, src, col, ctx, depth: int, scan_member) -> None:
 
 
 def _zip_members(src, ctx):
-    """(stream, name, unpacked, compressed) of each file of a zip, from its local headers."""
+    """(stream, name, unpacked, compressed) of each file of a zip."""
+    if src.remaining <= ZIP_IN_MEMORY:
+        data = src.take(src.remaining)
+        for m in WheelArchive(src.what, ctx.limits, data=data).members:
+            yield open_member(io.BytesIO(data), m), m.name, m.unpacked, m.compressed
+        return
     lim, total, count = ctx.limits, 0, 0
     while src.remaining >= 4:
         src.fill(4)
@@ -81,8 +89,9 @@ def _zip_members(src, ctx):
             raise AuditInputError(f"encrypted member cannot be read: {name!r}")
         if flags & 0x8:
             raise AuditInputError(
-                f"member {name!r} stores its sizes after its data (data descriptor): it cannot be read "
-                "as a stream; extract the archive and audit its files"
+                f"member {name!r} stores its sizes after its data (data descriptor), and the archive is "
+                f"larger than {ZIP_IN_MEMORY // (1 << 20)} MiB: it cannot be read as a stream; extract "
+                "the archive and audit its files"
             )
         count += 1
         if count > lim.max_members:

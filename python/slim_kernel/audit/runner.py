@@ -16,7 +16,7 @@ import time
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import dataclass, field, replace
 
-from .limits import AuditInputError, Budget, HostileArchiveError, MalformedBinaryError, MiB, too_many_headers
+from .limits import AuditInputError, Budget, HostileArchiveError, MalformedBinaryError, MiB, too_many_items
 from .scan import MemberScan, ScanContext, scan_member
 from .wheel import Member, WheelArchive, open_member
 
@@ -103,7 +103,7 @@ def _init_worker(queue) -> None:
 
 
 def _scan_task(path: str, members: list[Member], ctx: ScanContext, report=None):
-    """Scan `members`; returns their scans and the headers counted in `ctx.budget`."""
+    """Scan `members`; returns their scans and the items counted in `ctx.budget`."""
     pending = [0]
 
     def on_progress(n: int) -> None:
@@ -124,7 +124,7 @@ def _scan_task(path: str, members: list[Member], ctx: ScanContext, report=None):
                     f"{m.name}: malformed content ({type(exc).__name__}: {exc})"
                 ) from None
     _emit(report, pending[0])
-    return out, ctx.budget.headers
+    return out, ctx.budget.items
 
 
 def _emit(report, n: int) -> None:
@@ -202,15 +202,15 @@ def _run_pool(path: str, tasks: list[list[Member]], ctx: ScanContext, jobs: int,
     ) as pool:
         todo = iter(enumerate(tasks))
         running = {pool.submit(_scan_task, path, task, ctx): i for i, task in itertools.islice(todo, workers)}
-        headers = 0
+        items = 0
         while running:
             done, _ = wait(running, timeout=0.2, return_when=FIRST_COMPLETED)
             drain()
             for fut in done:
                 results[running.pop(fut)], n = fut.result()  # raise the first error now
-                headers += n  # each task counted its own (from the same zero): the wheel's total
-                if headers > ctx.limits.max_headers:
-                    raise HostileArchiveError(too_many_headers(ctx.limits))
+                items += n  # each task counted its own (from zero): their sum is the wheel's
+                if items > ctx.limits.max_items:
+                    raise HostileArchiveError(too_many_items(ctx.limits))
                 for i, task in itertools.islice(todo, 1):
                     running[pool.submit(_scan_task, path, task, ctx)] = i
             ctx.budget.check_time()

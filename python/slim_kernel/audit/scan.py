@@ -124,6 +124,7 @@ class _Collector:
         self, layer: str, name: str, size: int = 0, arch: str = "", ops: tuple[str, ...] = (), what: str = ""
     ):
         self._examined += 1
+        self.ctx.budget.count(self.ctx.limits, self.scan.member)
         if self._examined > self.ctx.limits.max_candidates:
             raise MalformedBinaryError(
                 f"{self.scan.member}: more than {self.ctx.limits.max_candidates:,} names to examine (hostile?)"
@@ -241,8 +242,10 @@ def _device_code(col, kind, windows, size, what, layers, stored, compression="no
         for data in windows:
             store.add(at, data)
             at += len(data)
-        summarize = summarize_cubin if kind == "cubin" else summarize_ptx
-        code = summarize(store, ctx.rules, ctx.limits, what, arch)
+        if kind == "cubin":
+            code = summarize_cubin(store, ctx.rules, ctx.limits, what, arch, ctx.budget)
+        else:
+            code = summarize_ptx(store, ctx.rules, ctx.limits, what, arch)
         col.add_device(code, layers(code.kind) if callable(layers) else layers, stored, size, compression)
 
 
@@ -264,7 +267,7 @@ def _scan_elf_tables(elf: ElfFile, store: SpanStore, col: _Collector, ctx: ScanC
         if sec is None:
             continue
         stats[f"{layer}_symbols"] += sec.size // (24 if elf.is64 else 16)
-        hits = HitStrings(elf, elf.linked(sec), ctx.rules, ctx.limits)
+        hits = HitStrings(elf, elf.linked(sec), ctx.rules, ctx.limits, ctx.budget)
         if not hits:
             continue
         for sym in elf.iter_symbols(sec, hits):
@@ -281,6 +284,7 @@ def _scan_elf_tables(elf: ElfFile, store: SpanStore, col: _Collector, ctx: ScanC
         for base, data, lo, hi in context_windows(store.pieces(off, n), RUN_LIMIT):
             stats["rodata_bytes"] += hi - lo
             for end, text in _strings_with_hits(data, lo, hi, max(covered - base, lo), ctx.rules):
+                ctx.budget.count(ctx.limits, col.scan.member)
                 covered = base + end
                 if text in seen:
                     continue
@@ -313,7 +317,7 @@ def _scan_ar(src: Pull, col: _Collector, ctx: ScanContext, label: str) -> None:
     src.take(len(AR_MAGIC))
     long_names = b""
     while src.remaining >= 60:
-        src.budget.count_header(ctx.limits, label)
+        src.budget.count(ctx.limits, label)
         head = src.take(60)
         if head[58:60] != b"`\n":
             raise MalformedBinaryError(f"{label}: bad ar member header at {src.pos - 60}")
@@ -358,6 +362,7 @@ def _scan_text(src: Pull, scan: MemberScan, ctx: ScanContext) -> None:
         find = ctx.rules.finder(data, lo, hi)
         pos = find.find(max(covered - base, lo))
         while pos >= 0:
+            ctx.budget.count(ctx.limits, scan.member)
             lines += 1
             if lines > limit:
                 scan.stats["routed_truncated"] += 1

@@ -53,10 +53,11 @@ def _is_symlink(info: zipfile.ZipInfo) -> bool:
 class WheelArchive:
     """A validated wheel; open with `WheelArchive(path, limits)` (a context manager)."""
 
-    def __init__(self, path: str | os.PathLike, limits: Limits | None = None):
+    def __init__(self, path: str | os.PathLike, limits: Limits | None = None, data: bytes | None = None):
+        """`data`: the archive's bytes (an archive inside a wheel), `path` then only names it."""
         self.path = os.fspath(path)
         self.limits = limits or Limits()
-        f = open_regular(self.path)
+        f = open_regular(self.path) if data is None else io.BytesIO(data)
         try:
             self._zip = zipfile.ZipFile(f)
         except (
@@ -185,11 +186,12 @@ def read_member(f, n: int, name: str) -> bytes:
         raise AuditInputError(f"member {name!r} is corrupt: {exc}") from None
 
 
-def open_member(path: str, member: Member):
-    """Forward-only stream of a validated member, read straight from the archive by offset
-    (workers never re-parse the central directory). Stored and deflated members (all wheels
-    in practice) use `MemberStream`; other methods fall back to zipfile."""
-    f = open_regular(path)
+def open_member(path: str | io.BytesIO, member: Member):
+    """Forward-only stream of a validated member of the archive at `path` (or in the buffer),
+    read straight from it by offset (workers never re-parse the central directory). Stored and
+    deflated members (all wheels in practice) use `MemberStream`; other methods fall back to
+    zipfile."""
+    f = open_regular(path) if isinstance(path, str) else path
     try:
         if member.method not in (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED):
             zf = zipfile.ZipFile(f)
@@ -200,7 +202,7 @@ def open_member(path: str, member: Member):
             raise zipfile.BadZipFile(f"bad local header for {member.name!r}")
         n, m = struct.unpack_from("<HH", head, 26)
         start = member.offset + _ZIP_LOCAL_HEADER + n + m
-        if start + member.compressed > os.fstat(f.fileno()).st_size:
+        if start + member.compressed > f.seek(0, os.SEEK_END):
             raise zipfile.BadZipFile(f"member {member.name!r} runs past the end of the archive")
         f.seek(start)
         return MemberStream(f, member)
