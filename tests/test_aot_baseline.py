@@ -27,18 +27,12 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 MANIFEST_PY = REPO / "csrc" / "aot_baseline" / "manifest.py"
 RETIRED = ("bmm_fp8", "dsv3_router_gemm", "dsv3_fused_a_gemm")
-NVCC = shutil.which("nvcc") or next(
-    (p for p in ("/usr/local/cuda/bin/nvcc", "/usr/local/bin/nvcc") if Path(p).exists()), None
-)
+NVCC = shutil.which("nvcc") or next((p for p in ("/usr/local/cuda/bin/nvcc", "/usr/local/bin/nvcc") if Path(p).exists()),
+                                    None)
 
 pytestmark = pytest.mark.skipif(NVCC is None, reason="nvcc not found: the AOT baseline cannot be built")
 
-_ENV_DROP = (
-    "SLIM_KERNEL_AOT_BASELINE",
-    "SLIM_KERNEL_AOT_ARCHS",
-    "SLIM_KERNEL_AOT_MANIFEST",
-    "SLIM_KERNEL_NATIVE",
-)
+_ENV_DROP = ("SLIM_KERNEL_AOT_BASELINE", "SLIM_KERNEL_AOT_ARCHS", "SLIM_KERNEL_AOT_MANIFEST", "SLIM_KERNEL_NATIVE")
 
 
 def _env(**extra: str) -> dict:
@@ -49,19 +43,8 @@ def _env(**extra: str) -> dict:
 
 
 def _pip_wheel(out: Path, build: Path, env: dict) -> subprocess.CompletedProcess:
-    cmd = [
-        sys.executable,
-        "-m",
-        "pip",
-        "wheel",
-        "--no-build-isolation",
-        "--no-deps",
-        "--no-index",
-        "-w",
-        str(out),
-        f"--config-settings=build-dir={build}",
-        str(REPO),
-    ]
+    cmd = [sys.executable, "-m", "pip", "wheel", "--no-build-isolation", "--no-deps", "--no-index", "-w", str(out),
+           f"--config-settings=build-dir={build}", str(REPO)]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env)
 
 
@@ -73,27 +56,19 @@ def _one_wheel(out: Path) -> Path:
 @pytest.fixture(scope="module")
 def wheels(tmp_path_factory) -> dict:
     tmp = tmp_path_factory.mktemp("aot")
-    proc = _pip_wheel(
-        tmp / "baseline",
-        tmp / "build-baseline",
-        _env(SLIM_KERNEL_AOT_BASELINE="ON", SLIM_KERNEL_AOT_ARCHS="90a"),
-    )
+    proc = _pip_wheel(tmp / "baseline", tmp / "build-baseline",
+                      _env(SLIM_KERNEL_AOT_BASELINE="ON", SLIM_KERNEL_AOT_ARCHS="90a"))
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     proc = _pip_wheel(tmp / "shipped", tmp / "build-shipped", _env())
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     manifest = tmp / "manifest.json"
     subprocess.run([sys.executable, str(MANIFEST_PY), "-o", str(manifest)], check=True, capture_output=True)
-    return {
-        "baseline": _one_wheel(tmp / "baseline"),
-        "shipped": _one_wheel(tmp / "shipped"),
-        "manifest": json.loads(manifest.read_text()),
-    }
+    return {"baseline": _one_wheel(tmp / "baseline"), "shipped": _one_wheel(tmp / "shipped"),
+            "manifest": json.loads(manifest.read_text())}
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "slim_kernel", *args], capture_output=True, text=True, timeout=300
-    )
+    return subprocess.run([sys.executable, "-m", "slim_kernel", *args], capture_output=True, text=True, timeout=300)
 
 
 @pytest.mark.slow
@@ -138,18 +113,8 @@ def test_shipped_wheel_is_clean(wheels):
 @pytest.mark.slow
 def test_size_reports_a_reduction_vs_the_baseline(wheels, tmp_path):
     md = tmp_path / "size.md"
-    proc = _cli(
-        "size",
-        str(wheels["shipped"]),
-        "--baseline",
-        str(wheels["baseline"]),
-        "--json",
-        "--no-progress",
-        "--markdown",
-        str(md),
-        "--budget",
-        "1MiB",
-    )
+    proc = _cli("size", str(wheels["shipped"]), "--baseline", str(wheels["baseline"]), "--json", "--no-progress",
+                "--markdown", str(md), "--budget", "1MiB")
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     report = json.loads(proc.stdout)
     cmp = report["comparison"]
@@ -164,19 +129,9 @@ def test_size_reports_a_reduction_vs_the_baseline(wheels, tmp_path):
 
 # ---- configure-time errors (cmake only, no compile) --------------------------------------------
 
-
 def _configure(tmp_path: Path, *defs: str) -> subprocess.CompletedProcess:
-    cmd = [
-        "cmake",
-        "-S",
-        str(REPO),
-        "-B",
-        str(tmp_path / "build"),
-        f"-DPython_EXECUTABLE={sys.executable}",
-        "-DSLIM_KERNEL_NATIVE=OFF",
-        "-DSLIM_KERNEL_AOT_BASELINE=ON",
-        *defs,
-    ]
+    cmd = ["cmake", "-S", str(REPO), "-B", str(tmp_path / "build"), f"-DPython_EXECUTABLE={sys.executable}",
+           "-DSLIM_KERNEL_NATIVE=OFF", "-DSLIM_KERNEL_AOT_BASELINE=ON", *defs]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=_env())
 
 

@@ -22,11 +22,8 @@ from slim_kernel.backends import jit as jb
 
 from _inputs import TOL, bmm_fp8_inputs, bmm_fp8_ref, randn, rel_err
 
-aot = pytest.importorskip(
-    "slim_kernel._aot_baseline",
-    reason="the AOT baseline is not installed "
-    "(SLIM_KERNEL_AOT_BASELINE=ON pip install --no-build-isolation --no-deps .)",
-)
+aot = pytest.importorskip("slim_kernel._aot_baseline", reason="the AOT baseline is not installed "
+                          "(SLIM_KERNEL_AOT_BASELINE=ON pip install --no-build-isolation --no-deps .)")
 
 E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
 K = 7168
@@ -79,31 +76,14 @@ def _launch_both(op, out_jit, out_aot, act, w_ptr, ld_w, n, pdl):
     dev = act.device.index
     plan = jb.plan(op, m, n, k, out_jit.dtype, dev)
     key = _key(jb.instance(op, m, out_jit.dtype, jb.config_for(op, m)))
-    assert (op, key) in {(o, kk) for o, kk, _ in aot.instances()}, (
+    assert (op, key) in {(o, kk) for o, kk, _ in aot.instances()}, \
         f"{op} [{key}] is not in the baseline: rebuild it from these sources"
-    )
     stream = torch.cuda.current_stream(dev).cuda_stream
     common = (m, n, k, act.stride(0) if m > 1 else k, ld_w)
-    plan.launch(
-        plan.grid,
-        plan.block,
-        (act.data_ptr(), w_ptr, out_jit.data_ptr(), *common, out_jit.stride(0)),
-        stream=stream,
-        smem=plan.smem,
-        pdl=pdl,
-        cluster=plan.cluster,
-    )
-    getattr(aot, op)(
-        key,
-        (act.data_ptr(), w_ptr, out_aot.data_ptr(), *common, out_aot.stride(0)),
-        plan.grid,
-        plan.block,
-        plan.smem,
-        plan.cluster,
-        pdl,
-        stream,
-        dev,
-    )
+    plan.launch(plan.grid, plan.block, (act.data_ptr(), w_ptr, out_jit.data_ptr(), *common, out_jit.stride(0)),
+                stream=stream, smem=plan.smem, pdl=pdl, cluster=plan.cluster)
+    getattr(aot, op)(key, (act.data_ptr(), w_ptr, out_aot.data_ptr(), *common, out_aot.stride(0)), plan.grid,
+                     plan.block, plan.smem, plan.cluster, pdl, stream, dev)
     torch.cuda.synchronize(dev)
     return plan, key
 
@@ -147,9 +127,7 @@ def test_fused_a_aot_matches_jit_bitwise(gen, m, pdl):
 def test_unknown_instance_key_is_a_clear_error():
     out = torch.empty(1, 256, device="cuda")
     with pytest.raises(KeyError, match="no AOT instance with key 'SK_NT=99'"):
-        aot.dsv3_router_gemm(
-            "SK_NT=99", (0, 0, out.data_ptr(), 1, 256, K, K, K, 256), (16, 1, 1), (128, 1, 1)
-        )
+        aot.dsv3_router_gemm("SK_NT=99", (0, 0, out.data_ptr(), 1, 256, K, K, K, 256), (16, 1, 1), (128, 1, 1))
 
 
 def _aot_bmm_fp8(A, B, sa, sb, out_dtype):
@@ -158,37 +136,16 @@ def _aot_bmm_fp8(A, B, sa, sb, out_dtype):
     out = _nan((b, m, n), out_dtype)
     ws = torch.empty(_workspace_bytes(), dtype=torch.uint8, device="cuda")
     name = {E4M3: "float8_e4m3fn", E5M2: "float8_e5m2", torch.bfloat16: "bfloat16", torch.float16: "float16"}
-    aot.bmm_fp8(
-        A.data_ptr(),
-        B.data_ptr(),
-        out.data_ptr(),
-        sa.data_ptr(),
-        sb.data_ptr(),
-        ws.data_ptr(),
-        ws.numel(),
-        b,
-        m,
-        n,
-        k,
-        name[A.dtype],
-        name[B.dtype],
-        name[out_dtype],
-        0,
-        torch.cuda.current_stream().cuda_stream,
-        A.device.index,
-    )
+    aot.bmm_fp8(A.data_ptr(), B.data_ptr(), out.data_ptr(), sa.data_ptr(), sb.data_ptr(), ws.data_ptr(),
+                ws.numel(), b, m, n, k, name[A.dtype], name[B.dtype], name[out_dtype], 0,
+                torch.cuda.current_stream().cuda_stream, A.device.index)
     torch.cuda.synchronize()
     return out
 
 
-@pytest.mark.parametrize(
-    "bmkn",
-    [(16, 1, 128, 512), (16, 8, 512, 128), (16, 33, 128, 512), (1, 64, 256, 1024)],
-    ids=lambda s: "x".join(map(str, s)),
-)
-@pytest.mark.parametrize(
-    "dtypes", [(E4M3, E4M3), (E4M3, E5M2), (E5M2, E4M3)], ids=["e4m3", "e4m3-e5m2", "e5m2-e4m3"]
-)
+@pytest.mark.parametrize("bmkn", [(16, 1, 128, 512), (16, 8, 512, 128), (16, 33, 128, 512), (1, 64, 256, 1024)],
+                         ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("dtypes", [(E4M3, E4M3), (E4M3, E5M2), (E5M2, E4M3)], ids=["e4m3", "e4m3-e5m2", "e5m2-e4m3"])
 @pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
 def test_bmm_fp8_aot_matches_flashinfer_cublas(gen, bmkn, dtypes, out_dtype):
     b, m, k, n = bmkn
@@ -211,9 +168,6 @@ def test_bmm_fp8_rejects_two_e5m2_operands(gen):
 
 
 def test_schemas_are_the_retired_registrations():
-    assert (
-        aot.schemas()["dsv3_router_gemm"]
-        == "dsv3_router_gemm(Tensor! output, Tensor mat_a, Tensor mat_b) -> ()"
-    )
+    assert aot.schemas()["dsv3_router_gemm"] == "dsv3_router_gemm(Tensor! output, Tensor mat_a, Tensor mat_b) -> ()"
     assert aot.schemas()["bmm_fp8"].startswith("bmm_fp8(Tensor A, Tensor B, Tensor! D,")
     assert {op for op, _, _ in aot.instances()} == {jb.ROUTER, jb.FUSED_A}

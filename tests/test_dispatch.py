@@ -87,7 +87,5 @@ def test_bmm_fp8_schema_mutates_only_out_and_leaves_inputs_intact(gen):
     before = [t.clone() for t in args]
     torch.ops.slim_kernel.bmm_fp8.default(torch.empty(2, 3, 16, dtype=torch.bfloat16), *args)
     for b, a in zip(before, args):
-        assert torch.equal(
-            b.view(torch.uint8) if b.element_size() == 1 else b,
-            a.view(torch.uint8) if a.element_size() == 1 else a,
-        )
+        assert torch.equal(b.view(torch.uint8) if b.element_size() == 1 else b,
+                           a.view(torch.uint8) if a.element_size() == 1 else a)

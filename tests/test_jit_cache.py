@@ -75,12 +75,7 @@ def test_key_follows_nested_includes(kernel_tree):
 
 def test_key_covers_defines_arch_compiler_and_version(kernel_tree, monkeypatch):
     inst = _axpby(kernel_tree)
-    keys = {
-        _key(inst),
-        _key(_axpby(kernel_tree, bias=1)),
-        _key(inst, arch="sm_100a"),
-        _key(inst, name="nvcc"),
-    }
+    keys = {_key(inst), _key(_axpby(kernel_tree, bias=1)), _key(inst, arch="sm_100a"), _key(inst, name="nvcc")}
     assert len(keys) == 4
     monkeypatch.setattr(cache, "__version__", "999.0")
     assert _key(inst) not in keys
@@ -230,24 +225,12 @@ def test_eight_processes_on_a_cold_cache_compile_once(tmp_path, kernel_tree, com
     import time
 
     trace = tmp_path / "trace.jsonl"
-    env = dict(
-        os.environ,
-        PYTHONPATH=str(REPO / "python"),
-        SLIM_KERNEL_CACHE_DIR=str(tmp_path / "cache"),
-        SLIM_KERNEL_JIT_TRACE=str(trace),
-        SLIM_KERNEL_JIT_COMPILER=compiler_name,
-    )
+    env = dict(os.environ, PYTHONPATH=str(REPO / "python"), SLIM_KERNEL_CACHE_DIR=str(tmp_path / "cache"),
+               SLIM_KERNEL_JIT_TRACE=str(trace), SLIM_KERNEL_JIT_COMPILER=compiler_name)
     start = time.time() + 3.0
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-c", _WORKER, str(kernel_tree / "fixture_axpby.cuh"), str(start)],
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for _ in range(8)
-    ]
+    procs = [subprocess.Popen([sys.executable, "-c", _WORKER, str(kernel_tree / "fixture_axpby.cuh"), str(start)],
+                              env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for _ in range(8)]
     results = []
     for p in procs:
         out, err = p.communicate(timeout=120)

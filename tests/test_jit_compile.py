@@ -92,28 +92,17 @@ def test_compile_error_carries_the_log(tmp_path, compiler_name, monkeypatch):
 def test_defines_reach_the_compiler(tmp_path, monkeypatch):
     monkeypatch.setenv(cache.ENV_CACHE_DIR, str(tmp_path))
     src = tmp_path / "needs_define.cuh"
-    src.write_text(
-        '#if NEED != 7\n#error NEED must be 7\n#endif\nextern "C" __global__ void k(int* p) { p[0] = NEED; }\n'
-    )
+    src.write_text('#if NEED != 7\n#error NEED must be 7\n#endif\nextern "C" __global__ void k(int* p) { p[0] = NEED; }\n')
     for name in COMPILERS:
         cache.compile_cubin(KernelInstance.make(str(src), "k", "p", NEED=7), "sm_90a", name)
         with pytest.raises(compiler.CompileError, match="NEED must be 7"):
             cache.compile_cubin(KernelInstance.make(str(src), "k", "p", NEED=8), "sm_90a", name)
 
 
-@pytest.mark.parametrize(
-    "text,expected",
-    [
-        ("9.0a", "sm_90a"),
-        ("90a", "sm_90a"),
-        ("sm_90a", "sm_90a"),
-        ("SM_100a", "sm_100a"),
-        ("10.0a", "sm_100a"),
-        ("8.0", "sm_80"),
-        ("compute_120a", "sm_120a"),
-        ("12.0f", "sm_120f"),
-    ],
-)
+@pytest.mark.parametrize("text,expected", [
+    ("9.0a", "sm_90a"), ("90a", "sm_90a"), ("sm_90a", "sm_90a"), ("SM_100a", "sm_100a"),
+    ("10.0a", "sm_100a"), ("8.0", "sm_80"), ("compute_120a", "sm_120a"), ("12.0f", "sm_120f"),
+])
 def test_normalize_arch(text, expected):
     assert normalize_arch(text) == expected
 
@@ -141,16 +130,9 @@ ptxas info    : Used 40 registers, used 1 barriers, 1024 bytes smem, 400 bytes c
 """
     usage = parse_ptxas_log(log, "mine")
     assert (usage.registers, usage.spill_bytes, usage.stack_bytes, usage.smem_static, usage.cmem0) == (
-        40,
-        12,
-        16,
-        1024,
-        400,
-    )
+        40, 12, 16, 1024, 400)
     assert check_limits(usage, {"max_registers": 40, "max_spill_bytes": 0, "max_smem_static": 512}) == [
-        "smem_static 1024 > declared 512",
-        "spill_bytes 12 > declared 0",
-    ]
+        "smem_static 1024 > declared 512", "spill_bytes 12 > declared 0"]
     with pytest.raises(ValueError, match="no ptxas resource report"):
         parse_ptxas_log(log, "absent")
 

@@ -21,10 +21,8 @@ LAUNCHERS = ("native", "python")
 @pytest.fixture(params=LAUNCHERS)
 def launcher(request):
     if request.param == "native" and runtime.native_module()[0] is None:
-        pytest.fail(
-            f"{runtime.native_module()[1]}: install the package (pip install --no-build-isolation .) "
-            "and run pytest without PYTHONPATH=python"
-        )
+        pytest.fail(f"{runtime.native_module()[1]}: install the package (pip install --no-build-isolation .) "
+                    "and run pytest without PYTHONPATH=python")
     return request.param
 
 
@@ -53,13 +51,8 @@ def _axpby_inputs(n, device, gen):
 
 
 def _launch_axpby(kernel, x, y, out, n, alpha, repeat, **kw):
-    kernel.launch(
-        ((n + 255) // 256, 1, 1),
-        (256, 1, 1),
-        (x.data_ptr(), y.data_ptr(), out.data_ptr(), n, alpha, repeat),
-        stream=kw.pop("stream", None) or _stream(),
-        **kw,
-    )
+    kernel.launch(((n + 255) // 256, 1, 1), (256, 1, 1), (x.data_ptr(), y.data_ptr(), out.data_ptr(), n, alpha, repeat),
+                  stream=kw.pop("stream", None) or _stream(), **kw)
 
 
 def test_launch_is_correct_and_memoized(launcher, dev, gen):
@@ -168,14 +161,8 @@ def test_large_dynamic_smem_and_clusters(launcher, dev, cluster):
     kernel = jit.get_kernel(fx.smem_cluster(), dev, launcher=launcher)
     out = torch.full((blocks * words,), float("nan"), device=f"cuda:{dev}")
     info = torch.full((2 * blocks,), -1, device=f"cuda:{dev}", dtype=torch.int32)
-    kernel.launch(
-        (blocks, 1, 1),
-        (256, 1, 1),
-        (out.data_ptr(), info.data_ptr(), words),
-        stream=_stream(),
-        smem=words * 4,
-        cluster=cluster,
-    )
+    kernel.launch((blocks, 1, 1), (256, 1, 1), (out.data_ptr(), info.data_ptr(), words), stream=_stream(),
+                  smem=words * 4, cluster=cluster)
     torch.cuda.synchronize()
     assert kernel.impl.smem_limit >= words * 4
     assert torch.equal(out, _smem_cluster_expected(blocks, words, out.device))
@@ -189,12 +176,8 @@ def test_bad_launch_names_the_cuda_error(launcher, dev, gen):
     kernel = jit.get_kernel(fx.axpby(), dev, launcher=launcher)
     x, y, out = _axpby_inputs(256, f"cuda:{dev}", gen)
     with pytest.raises(RuntimeError, match=r"launch of fixture_axpby .*CUDA_ERROR_INVALID_VALUE"):
-        kernel.launch(
-            (1, 1, 1),
-            (2048, 1, 1),
-            (x.data_ptr(), y.data_ptr(), out.data_ptr(), 256, 1.0, 1),
-            stream=_stream(),
-        )
+        kernel.launch((1, 1, 1), (2048, 1, 1), (x.data_ptr(), y.data_ptr(), out.data_ptr(), 256, 1.0, 1),
+                      stream=_stream())
     with pytest.raises(TypeError, match="argument 0"):
         kernel.launch((1, 1, 1), (256, 1, 1), (x, y, out, 256, 1.0, 1), stream=_stream())
     _launch_axpby(kernel, x, y, out, 256, 1.0, 1)  # the context is still usable
@@ -233,13 +216,8 @@ def test_first_load_inside_graph_capture(launcher, dev, gen):
         kernel = jit.get_kernel(fx.axpby(bias=bias), dev, launcher=launcher)
         _launch_axpby(kernel, x, y, out, n, 1.0, 1)
         fresh = jit.get_kernel(fx.smem_cluster(), dev, launcher=launcher)
-        fresh.launch(
-            (blocks, 1, 1),
-            (128, 1, 1),
-            (big.data_ptr(), info.data_ptr(), words),
-            stream=_stream(),
-            smem=112 * 1024,
-        )  # above every other test's: the limit is raised inside the capture
+        fresh.launch((blocks, 1, 1), (128, 1, 1), (big.data_ptr(), info.data_ptr(), words), stream=_stream(),
+                     smem=112 * 1024)  # above every other test's: the limit is raised inside the capture
     graph.replay()
     torch.cuda.synchronize()
     assert _rel_err(out[:n], _axpby_ref(x, y, 1.0, 1, bias)) <= 5e-3

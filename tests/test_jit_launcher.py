@@ -36,17 +36,14 @@ def test_pack_args_layout():
     assert struct.unpack("<Qiiqfi", blob) == (0xDEADBEEF00, -3, 0, 1 << 40, 1.5, 0)
 
 
-@pytest.mark.parametrize(
-    "signature,args,match",
-    [
-        ("pi", (1.0, 2), "argument 0 .*'p'.* device pointer"),
-        ("pi", (1, 2**31), "argument 1 .*'i'"),
-        ("pl", (1, 2**63), "argument 1 .*'l'"),
-        ("pf", (1, "x"), "argument 1 .*'f'"),
-        ("pi", (1,), "takes 2 arguments"),
-        ("pi", [1, 2], "args must be a tuple"),
-    ],
-)
+@pytest.mark.parametrize("signature,args,match", [
+    ("pi", (1.0, 2), "argument 0 .*'p'.* device pointer"),
+    ("pi", (1, 2**31), "argument 1 .*'i'"),
+    ("pl", (1, 2**63), "argument 1 .*'l'"),
+    ("pf", (1, "x"), "argument 1 .*'f'"),
+    ("pi", (1,), "takes 2 arguments"),
+    ("pi", [1, 2], "args must be a tuple"),
+])
 def test_pack_args_errors_name_the_argument(signature, args, match):
     with pytest.raises(TypeError, match=match):
         _pylauncher.pack_args(signature, args)
@@ -58,13 +55,9 @@ def test_launcher_selection(monkeypatch):
     monkeypatch.setenv(runtime.ENV_LAUNCHER, "cuda")
     with pytest.raises(ValueError, match="SLIM_KERNEL_LAUNCHER must be one of"):
         runtime.launcher_name()
-    monkeypatch.setattr(
-        runtime, "_NATIVE", {"module": None, "why": "slim_kernel._native is not built (test)"}
-    )
+    monkeypatch.setattr(runtime, "_NATIVE", {"module": None, "why": "slim_kernel._native is not built (test)"})
     monkeypatch.setenv(runtime.ENV_LAUNCHER, "native")
-    with pytest.raises(
-        RuntimeError, match="native launcher was requested but slim_kernel._native is not built"
-    ):
+    with pytest.raises(RuntimeError, match="native launcher was requested but slim_kernel._native is not built"):
         runtime.launcher_name()
     monkeypatch.delenv(runtime.ENV_LAUNCHER)
     assert runtime.launcher_name() == "python"
@@ -101,55 +94,24 @@ def test_runtime_info_counts_cached_instantiations(tmp_path, monkeypatch):
 
 def test_import_is_cheap():
     code = "import sys, slim_kernel.jit; print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'cuda'))))"
-    out = subprocess.run(
-        [sys.executable, "-c", "import json; " + code],
-        capture_output=True,
-        text=True,
-        env=dict(os.environ, PYTHONPATH=str(REPO / "python")),
-        check=True,
-    ).stdout
+    out = subprocess.run([sys.executable, "-c", "import json; " + code], capture_output=True, text=True,
+                         env=dict(os.environ, PYTHONPATH=str(REPO / "python")), check=True).stdout
     assert json.loads(out) == []
 
 
 # ---- wheel builds -------------------------------------------------------------------------
 
-
 def _build_and_install(tmp_path: Path, native: str) -> tuple[Path, Path]:
     """Build a wheel (fresh build dir) and install it into a private site dir; return both."""
     wheel_dir, site = tmp_path / "wheel", tmp_path / "site"
-    cmd = [
-        sys.executable,
-        "-m",
-        "pip",
-        "wheel",
-        "--no-build-isolation",
-        "--no-deps",
-        "--no-index",
-        "-w",
-        str(wheel_dir),
-        f"--config-settings=build-dir={tmp_path / 'build'}",
-        str(REPO),
-    ]
+    cmd = [sys.executable, "-m", "pip", "wheel", "--no-build-isolation", "--no-deps", "--no-index",
+           "-w", str(wheel_dir), f"--config-settings=build-dir={tmp_path / 'build'}", str(REPO)]
     env = dict(os.environ, SLIM_KERNEL_NATIVE=native)  # the env form also retags an OFF wheel as pure
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     (wheel,) = wheel_dir.glob("slim_kernel-*.whl")
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "install",
-            "--no-deps",
-            "--no-index",
-            "--target",
-            str(site),
-            str(wheel),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    proc = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "--no-index", "--target", str(site),
+                           str(wheel)], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return wheel, site
 
@@ -177,14 +139,8 @@ _PROBE = textwrap.dedent("""
 def _probe(site: Path) -> dict:
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "SLIM_KERNEL_LAUNCHER")}
     env["PYTHONPATH"] = str(site)
-    proc = subprocess.run(
-        [sys.executable, "-c", _PROBE, str(site)],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=site,
-        timeout=120,
-    )
+    proc = subprocess.run([sys.executable, "-c", _PROBE, str(site)], capture_output=True, text=True, env=env,
+                          cwd=site, timeout=120)
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
@@ -202,8 +158,7 @@ def test_native_build_imports_without_gpu_and_links_no_torch(native_build):
     natives = [n for n in names if n.startswith("slim_kernel/_native") and n.endswith(".so")]
     assert len(natives) == 1, names
     assert any(n.startswith("slim_kernel/jit/kernels/") and n.endswith(".cuh") for n in names) or not list(
-        (REPO / "python/slim_kernel/jit/kernels").glob("*.cuh")
-    ), "kernel sources missing from the wheel"
+        (REPO / "python/slim_kernel/jit/kernels").glob("*.cuh")), "kernel sources missing from the wheel"
     so = site / natives[0]
     if shutil.which("ldd"):
         ldd = subprocess.run(["ldd", str(so)], capture_output=True, text=True).stdout
@@ -232,7 +187,6 @@ def test_native_off_build_is_pure_and_falls_back(tmp_path):
 
 # ---- both launchers against a fake driver -------------------------------------------------
 
-
 @pytest.fixture(scope="module")
 def fake_driver(tmp_path_factory):
     """A fake libcuda.so.1 (tests/jit_fixtures/fake_libcuda.c) in a directory for LD_LIBRARY_PATH."""
@@ -240,19 +194,8 @@ def fake_driver(tmp_path_factory):
     if cc is None:
         pytest.skip("no C compiler for the fake driver")
     out = tmp_path_factory.mktemp("fake_cuda")
-    subprocess.run(
-        [
-            cc,
-            "-shared",
-            "-fPIC",
-            "-O1",
-            "-o",
-            str(out / "libcuda.so.1"),
-            str(fx.HERE / "fake_libcuda.c"),
-            "-Wl,-soname,libcuda.so.1",
-        ],
-        check=True,
-    )
+    subprocess.run([cc, "-shared", "-fPIC", "-O1", "-o", str(out / "libcuda.so.1"),
+                    str(fx.HERE / "fake_libcuda.c"), "-Wl,-soname,libcuda.so.1"], check=True)
     return out
 
 
@@ -332,35 +275,18 @@ _FAKE_RUN = textwrap.dedent("""
 def _run_fake(fake_driver: Path, pythonpath: Path, launchers: str) -> dict:
     env = {k: v for k, v in os.environ.items() if k not in ("SLIM_KERNEL_LAUNCHER",)}
     env.update(LD_LIBRARY_PATH=str(fake_driver), PYTHONPATH=str(pythonpath))
-    proc = subprocess.run(
-        [sys.executable, "-c", _FAKE_RUN, launchers, str(REPO / "tests")],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=300,
-    )
+    proc = subprocess.run([sys.executable, "-c", _FAKE_RUN, launchers, str(REPO / "tests")],
+                          capture_output=True, text=True, env=env, timeout=300)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 def _check_fake_launches(r: dict) -> None:
     assert r["memoized"]
-    assert r["plain"] == {
-        "entry": "fixture_axpby",
-        "grid": [3, 1, 1],
-        "block": [256, 1, 1],
-        "smem": 0,
-        "stream": 0xABC,
-        "attrs": [],
-        "params": [
-            "0000000000001000",
-            "0000000000002000",
-            "0000000000003000",
-            "0000000000003039",
-            "000000003fc00000",
-            "00000000fffffff9",
-        ],
-    }
+    assert r["plain"] == {"entry": "fixture_axpby", "grid": [3, 1, 1], "block": [256, 1, 1], "smem": 0,
+                          "stream": 0xABC, "attrs": [],
+                          "params": ["0000000000001000", "0000000000002000", "0000000000003000",
+                                     "0000000000003039", "000000003fc00000", "00000000fffffff9"]}
     assert r["pdl_cluster"]["attrs"] == [[6, 1], [4, 2, 1, 1]]
     assert r["pdl_cluster"]["grid"] == [4, 2, 1] and r["pdl_cluster"]["stream"] == 0
     assert r["pdl_cluster"]["params"][3:5] == ["ffffff0000000000", "00000000bf000000"]

@@ -48,14 +48,11 @@ def test_precompile_ops_filter_and_compiler(cache_dir, capsys):
     assert cache.cached_counts(cache_dir) == {"sm_90a": expected}
 
 
-@pytest.mark.parametrize(
-    "argv,message",
-    [
-        (["--arch", "9.0a", "--ops", "no_such_op"], "unknown op(s) no_such_op"),
-        (["--arch", "hopper"], "arch must look like"),
-        (["--arch", "9.0a", "-j", "0"], "--jobs must be >= 1"),
-    ],
-)
+@pytest.mark.parametrize("argv,message", [
+    (["--arch", "9.0a", "--ops", "no_such_op"], "unknown op(s) no_such_op"),
+    (["--arch", "hopper"], "arch must look like"),
+    (["--arch", "9.0a", "-j", "0"], "--jobs must be >= 1"),
+])
 def test_precompile_bad_input(cache_dir, capsys, argv, message):
     _instances()
     assert cli.main(["precompile", *argv]) == 2

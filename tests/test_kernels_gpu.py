@@ -34,9 +34,7 @@ def _cuda_sm90() -> bool:
 
 def gpu(test):
     """GPU test: marked `gpu`, skipped without an SM >= 9.0 device."""
-    return pytest.mark.gpu(
-        pytest.mark.skipif(not _cuda_sm90(), reason="needs a CUDA device with SM >= 9.0")(test)
-    )
+    return pytest.mark.gpu(pytest.mark.skipif(not _cuda_sm90(), reason="needs a CUDA device with SM >= 9.0")(test))
 
 
 def _rand(*shape, gen=None):
@@ -89,7 +87,6 @@ def restore_config():
 
 # ---------------------------------------------------------------- GPU: full matrix
 
-
 @gpu
 @pytest.mark.parametrize("out_dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
 @pytest.mark.parametrize("k", [1024, 4096, 7168])
@@ -114,7 +111,6 @@ def test_fused_a_matrix(n, k, pdl):
 
 
 # ---------------------------------------------------------------- GPU: properties
-
 
 @gpu
 @pytest.mark.parametrize("m", [1, 5, 8, 9, 16])
@@ -166,13 +162,13 @@ def test_row_strided_views(m, pdl):
     gen = torch.Generator(device="cuda").manual_seed(200 + m)
     k = 7168
     buf = _rand(m + 3, k + 64, gen=gen)
-    x = buf[2 : 2 + m, :k]  # row stride k + 64, 16-byte aligned: served by the JIT kernel, no copy
+    x = buf[2:2 + m, :k]  # row stride k + 64, 16-byte aligned: served by the JIT kernel, no copy
     assert m == 1 or not x.is_contiguous()  # one row is contiguous whatever its stride
     w, wf = _rand(256, k, gen=gen), _rand(2112, k, gen=gen)
     _check(_router(x, w, torch.float32), _ref(x, w), f"strided router M={m}")
     _check(_fused_a(x, wf.t()), _ref(x, wf), f"strided fused_a M={m}")
     # A view the kernel cannot read with 16-byte loads: pinned jit refuses, the default path is right.
-    odd = buf[1 : 1 + m, 1 : 1 + k]
+    odd = buf[1:1 + m, 1:1 + k]
     with pytest.raises(BackendUnavailableError):
         _router(odd, w, torch.float32)
     _check(_router(odd, w, torch.float32, backend=None), _ref(odd, w), f"fallback router M={m}")
@@ -180,9 +176,8 @@ def test_row_strided_views(m, pdl):
 
 
 @gpu
-@pytest.mark.parametrize(
-    "m,n,k", [(1, 1, 8), (3, 7, 40), (9, 24, 1000), (16, 100, 7176), (16, 16, 264), (2, 520, 4104)]
-)
+@pytest.mark.parametrize("m,n,k", [(1, 1, 8), (3, 7, 40), (9, 24, 1000), (16, 100, 7176), (16, 16, 264),
+                                   (2, 520, 4104)])
 def test_tails_and_odd_shapes(m, n, k, pdl):
     # K not a multiple of 32 (zero-filled tail), N/E not multiples of 16 (partial row tiles).
     gen = torch.Generator(device="cuda").manual_seed(m * 7 + n * 11 + k)
@@ -264,11 +259,8 @@ def _declared_limits(source: str) -> dict[str, int]:
 
 
 def _nvcc() -> str | None:
-    return (
-        os.environ.get("NVCC")
-        or shutil.which("nvcc")
-        or ("/usr/local/cuda/bin/nvcc" if Path("/usr/local/cuda/bin/nvcc").exists() else None)
-    )
+    return os.environ.get("NVCC") or shutil.which("nvcc") or (
+        "/usr/local/cuda/bin/nvcc" if Path("/usr/local/cuda/bin/nvcc").exists() else None)
 
 
 def _variant_instances():
@@ -287,26 +279,11 @@ def _variant_instances():
 
 
 @pytest.mark.skipif(_nvcc() is None, reason="nvcc not found")
-@pytest.mark.parametrize(
-    "inst", _variant_instances(), ids=lambda i: f"{i.entry}-" + "-".join(f"{k}{v}" for k, v in i.defines)
-)
+@pytest.mark.parametrize("inst", _variant_instances(), ids=lambda i: f"{i.entry}-" + "-".join(f"{k}{v}" for k, v in i.defines))
 def test_instance_compiles_within_limits(inst, tmp_path):
-    cmd = [
-        _nvcc(),
-        "-cubin",
-        "-gencode=arch=compute_90a,code=sm_90a",
-        "-Xptxas",
-        "-v",
-        "-std=c++17",
-        *(f"-D{k}={v}" for k, v in inst.defines),
-        "-I",
-        str(KERNELS),
-        "-x",
-        "cu",
-        str(KERNELS / inst.source),
-        "-o",
-        str(tmp_path / "k.cubin"),
-    ]
+    cmd = [_nvcc(), "-cubin", "-gencode=arch=compute_90a,code=sm_90a", "-Xptxas", "-v", "-std=c++17",
+           *(f"-D{k}={v}" for k, v in inst.defines), "-I", str(KERNELS), "-x", "cu", str(KERNELS / inst.source),
+           "-o", str(tmp_path / "k.cubin")]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     report = proc.stdout + proc.stderr
     assert proc.returncode == 0, f"nvcc failed:\n{report}"
@@ -316,9 +293,7 @@ def test_instance_compiles_within_limits(inst, tmp_path):
     spill_st, spill_ld = map(int, _PTXAS_SPILL.search(report).groups())
     smem = sum(int(s) for s in _PTXAS_SMEM.findall(report))
     assert regs <= limits["max_registers"], f"{regs} registers > declared {limits['max_registers']}\n{report}"
-    assert max(spill_st, spill_ld) <= limits["max_spill_bytes"], (
-        f"spills: {spill_st}/{spill_ld} bytes\n{report}"
-    )
+    assert max(spill_st, spill_ld) <= limits["max_spill_bytes"], f"spills: {spill_st}/{spill_ld} bytes\n{report}"
     assert smem <= limits["max_smem_static"], f"static smem {smem} > declared {limits['max_smem_static']}"
     sass = _sass(tmp_path / "k.cubin")
     if sass is not None:  # tensor-core MMA and async copies really are in the machine code
@@ -332,22 +307,15 @@ def _sass(cubin: Path) -> str | None:
     try:
         import nvidia
 
-        dirs += [
-            str(Path(p) / sub / "bin") for p in nvidia.__path__ for sub in ("cu13", "cuda_cuobjdump", "")
-        ]
+        dirs += [str(Path(p) / sub / "bin") for p in nvidia.__path__ for sub in ("cu13", "cuda_cuobjdump", "")]
     except ImportError:
         pass
     path = os.pathsep.join([*dirs, os.environ.get("PATH", "")])
     tool = shutil.which("cuobjdump", path=path)
     if tool is None or shutil.which("nvdisasm", path=path) is None:
         return None
-    proc = subprocess.run(
-        [tool, "-sass", str(cubin)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**os.environ, "PATH": path},
-    )
+    proc = subprocess.run([tool, "-sass", str(cubin)], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PATH": path})
     return proc.stdout if proc.returncode == 0 else None
 
 
@@ -381,18 +349,10 @@ def test_bench_gemm_dry_run(tmp_path):
     pytest.importorskip("matplotlib")
     bench = Path(__file__).resolve().parent.parent / "benchmark" / "bench_gemm.py"
     out_json, out_png = tmp_path / "b.json", tmp_path / "b.png"
-    proc = subprocess.run(
-        [sys.executable, str(bench), "--dry-run", "--quick", "--json", str(out_json), "--png", str(out_png)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={
-            **os.environ,
-            "PYTHONPATH": os.pathsep.join(
-                [str(KERNELS.parent.parent.parent), os.environ.get("PYTHONPATH", "")]
-            ),
-        },
-    )
+    proc = subprocess.run([sys.executable, str(bench), "--dry-run", "--quick", "--json", str(out_json),
+                           "--png", str(out_png)], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": os.pathsep.join(
+                              [str(KERNELS.parent.parent.parent), os.environ.get("PYTHONPATH", "")])})
     assert proc.returncode == 0, proc.stdout + proc.stderr
     import json
 
@@ -419,20 +379,11 @@ def test_fast_eligibility_check_agrees_with_the_detailed_one():
                     wt = torch.randn(256, k).to(torch.bfloat16).t()
                     outb = torch.empty(m, 256, dtype=torch.bfloat16)
                     detailed_r = jb._common_reason(out, act, 256) or jb._operand_reason(
-                        "w", w, 256, k, w.stride(0), w.stride(1)
-                    )
+                        "w", w, 256, k, w.stride(0), w.stride(1))
                     detailed_f = jb._common_reason(outb, act, 256) or jb._operand_reason(
-                        "w", wt, 256, k, wt.stride(1), wt.stride(0)
-                    )
-                    assert (jb.router_check(out, act, w) is None) == (detailed_r is None), (
-                        m,
-                        k,
-                        offset,
-                        row_stride,
-                    )
+                        "w", wt, 256, k, wt.stride(1), wt.stride(0))
+                    assert (jb.router_check(out, act, w) is None) == (detailed_r is None), (m, k, offset, row_stride)
                     assert (jb.fused_a_check(outb, act, wt) is None) == (detailed_f is None)
                     seen += detailed_r is None
     assert seen > 10
-    assert "outside" in jb.router_check(
-        torch.empty(17, 256), big[:17, :7168], torch.randn(256, 7168).bfloat16()
-    )
+    assert "outside" in jb.router_check(torch.empty(17, 256), big[:17, :7168], torch.randn(256, 7168).bfloat16())

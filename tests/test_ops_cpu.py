@@ -12,7 +12,6 @@ FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
 
 # --- results ---------------------------------------------------------------------------------
 
-
 @pytest.mark.parametrize("a_dtype", FP8)
 @pytest.mark.parametrize("b_dtype", FP8)
 @pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float16])
@@ -57,7 +56,6 @@ def test_strided_views_are_correct(gen):
 
 # --- bad inputs: the right error type, naming the argument -------------------------------------
 
-
 def _router_ok(gen):
     return dict(hidden_states=randn((4, 64), gen), router_weights=randn((8, 64), gen))
 
@@ -78,31 +76,14 @@ BAD = [
     ("router", _router_ok, {"hidden_states": torch.randn(2, 4, 64).bfloat16()}, ValueError, "hidden_states"),
     ("router", _router_ok, {"router_weights": torch.randn(8, 32).bfloat16()}, ValueError, "router_weights"),
     ("router", _router_ok, {"router_weights": torch.randn(8, 64).half()}, ValueError, "router_weights"),
-    (
-        "router",
-        _router_ok,
-        {"hidden_states": torch.empty(0, 64, dtype=torch.bfloat16)},
-        ValueError,
-        "hidden_states",
-    ),
+    ("router", _router_ok, {"hidden_states": torch.empty(0, 64, dtype=torch.bfloat16)}, ValueError, "hidden_states"),
     ("router", _router_ok, {"out_dtype": torch.float16}, ValueError, "out_dtype"),
     ("router", _router_ok, {"out_dtype": "float32"}, TypeError, "out_dtype"),
     ("router", _router_ok, {"output": torch.empty(4, 9)}, ValueError, "output"),
-    (
-        "router",
-        _router_ok,
-        {"output": torch.empty(4, 8, dtype=torch.bfloat16), "out_dtype": torch.float32},
-        ValueError,
-        "output",
-    ),
+    ("router", _router_ok, {"output": torch.empty(4, 8, dtype=torch.bfloat16), "out_dtype": torch.float32},
+     ValueError, "output"),
     ("router", _router_ok, {"output": torch.empty(8, 4).t()}, ValueError, "output"),
-    (
-        "router",
-        _router_ok,
-        {"router_weights": torch.randn(8, 64, device="meta").bfloat16()},
-        ValueError,
-        "router_weights",
-    ),
+    ("router", _router_ok, {"router_weights": torch.randn(8, 64, device="meta").bfloat16()}, ValueError, "router_weights"),
     ("router", _router_ok, {"backend": "cutlass"}, ValueError, "backend"),
     ("fused", _fused_ok, {"mat_a": torch.randn(4, 64)}, ValueError, "mat_a"),
     ("fused", _fused_ok, {"mat_b": torch.randn(64, 16).bfloat16()}, ValueError, "mat_b"),  # row-major
@@ -123,16 +104,8 @@ BAD = [
     ("bmm", _bmm_ok, {"dtype": torch.float32}, ValueError, "dtype"),
     ("bmm", _bmm_ok, {"out": torch.empty(2, 3, 17, dtype=torch.bfloat16)}, ValueError, "out"),
     ("bmm", _bmm_ok, {"out": torch.empty(2, 3, 16, dtype=torch.float16)}, ValueError, "out"),
-    (
-        "bmm",
-        _bmm_ok,
-        {
-            "A": torch.empty(0, 3, 32).to(torch.float8_e4m3fn),
-            "B": torch.empty(0, 16, 32).to(torch.float8_e4m3fn).transpose(1, 2),
-        },
-        ValueError,
-        "A",
-    ),
+    ("bmm", _bmm_ok, {"A": torch.empty(0, 3, 32).to(torch.float8_e4m3fn),
+                      "B": torch.empty(0, 16, 32).to(torch.float8_e4m3fn).transpose(1, 2)}, ValueError, "A"),
     ("bmm", _bmm_ok, {"A": torch.empty(2, 0, 32).to(torch.float8_e4m3fn)}, ValueError, "A"),
 ]
 OPS = {"router": sk.dsv3_router_gemm, "fused": sk.dsv3_fused_a_gemm, "bmm": sk.bmm_fp8}
@@ -159,17 +132,11 @@ ALL_OPCHECK = ("test_schema", "test_autograd_registration", "test_faketensor", "
 
 def _opcheck_cases(gen):
     A, B, sa, sb = bmm_fp8_inputs(2, 3, 32, 16, gen)
-    yield (
-        torch.ops.slim_kernel.bmm_fp8.default,
-        (torch.empty(2, 3, 16, dtype=torch.bfloat16), A, B, sa, sb, None),
-    )
+    yield torch.ops.slim_kernel.bmm_fp8.default, (torch.empty(2, 3, 16, dtype=torch.bfloat16), A, B, sa, sb, None)
     h, W = randn((5, 64), gen), randn((8, 64), gen)
     yield torch.ops.slim_kernel.dsv3_router_gemm.default, (torch.empty(5, 8), h, W, "torch")
     a, w = randn((3, 64), gen), randn((16, 64), gen)
-    yield (
-        torch.ops.slim_kernel.dsv3_fused_a_gemm.default,
-        (torch.empty(3, 16, dtype=torch.bfloat16), a, w.t(), None),
-    )
+    yield torch.ops.slim_kernel.dsv3_fused_a_gemm.default, (torch.empty(3, 16, dtype=torch.bfloat16), a, w.t(), None)
 
 
 def test_opcheck_all_ops(gen):
@@ -194,13 +161,8 @@ class _AllOps(torch.nn.Module):
 
 def test_torch_compile_fullgraph_matches_eager(gen):
     torch._dynamo.reset()
-    args = (
-        randn((4, 64), gen),
-        randn((8, 64), gen),
-        randn((3, 64), gen),
-        randn((16, 64), gen).t(),
-        *bmm_fp8_inputs(2, 3, 32, 16, gen),
-    )
+    args = (randn((4, 64), gen), randn((8, 64), gen), randn((3, 64), gen), randn((16, 64), gen).t(),
+            *bmm_fp8_inputs(2, 3, 32, 16, gen))
     model = _AllOps()
     eager = model(*args)
     explanation = torch._dynamo.explain(model)(*args)

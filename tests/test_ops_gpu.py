@@ -61,9 +61,7 @@ def test_fused_a_default_routing_matches_float64(gen, m):
     a, w = randn((m, 7168), gen, device="cuda"), randn((2112, 7168), gen, device="cuda")
     out = torch.full((m, 2112), float("nan"), dtype=torch.bfloat16, device="cuda")
     sk.dsv3_fused_a_gemm(a, w.t(), out)
-    assert rel_err(out, fused_a_ref(a, w.t())) <= TOL[torch.bfloat16], _backend(
-        "dsv3_fused_a_gemm", out, a, w.t()
-    )
+    assert rel_err(out, fused_a_ref(a, w.t())) <= TOL[torch.bfloat16], _backend("dsv3_fused_a_gemm", out, a, w.t())
 
 
 @pytest.mark.parametrize("backend", ["flashinfer", "torch"])
@@ -75,9 +73,7 @@ def test_pinned_backends_on_gpu(gen, backend):
     a, w = randn((4, 7168), gen, device="cuda"), randn((2112, 7168), gen, device="cuda")
     assert rel_err(sk.dsv3_fused_a_gemm(a, w.t(), backend=backend), fused_a_ref(a, w.t())) <= 5e-3
     A, B, sa, sb = bmm_fp8_inputs(16, 4, 128, 512, gen, device="cuda")
-    assert (
-        rel_err(sk.bmm_fp8(A, B, sa, sb, torch.bfloat16, backend=backend), bmm_fp8_ref(A, B, sa, sb)) <= 2e-2
-    )
+    assert rel_err(sk.bmm_fp8(A, B, sa, sb, torch.bfloat16, backend=backend), bmm_fp8_ref(A, B, sa, sb)) <= 2e-2
 
 
 def test_strided_inputs_on_gpu(gen):
@@ -90,21 +86,14 @@ def test_strided_inputs_on_gpu(gen):
 
 
 def _all_ops(h, W, a, wt, A, B, sa, sb):
-    return (
-        sk.dsv3_router_gemm(h, W, torch.float32),
-        sk.dsv3_fused_a_gemm(a, wt),
-        sk.bmm_fp8(A, B, sa, sb, torch.bfloat16),
-    )
+    return (sk.dsv3_router_gemm(h, W, torch.float32), sk.dsv3_fused_a_gemm(a, wt),
+            sk.bmm_fp8(A, B, sa, sb, torch.bfloat16))
 
 
 def _gpu_args(gen, m=4):
-    return (
-        randn((m, 7168), gen, device="cuda"),
-        randn((256, 7168), gen, device="cuda"),
-        randn((m, 7168), gen, device="cuda"),
-        randn((2112, 7168), gen, device="cuda").t(),
-        *bmm_fp8_inputs(16, m, 512, 128, gen, device="cuda"),
-    )
+    return (randn((m, 7168), gen, device="cuda"), randn((256, 7168), gen, device="cuda"),
+            randn((m, 7168), gen, device="cuda"), randn((2112, 7168), gen, device="cuda").t(),
+            *bmm_fp8_inputs(16, m, 512, 128, gen, device="cuda"))
 
 
 def test_cuda_graph_capture_and_replay(gen):

@@ -26,9 +26,7 @@ def fake_op(monkeypatch):
     op = "fake_op_" + str(id(calls))
     small_only = lambda out, x: None if x.shape[0] <= 16 else f"M={x.shape[0]} > 16"  # noqa: E731
     registry.register(
-        KernelSpec(
-            op, KernelBackend.JIT, f"{mod.__name__}:jit", device_types=frozenset({"cpu"}), check=small_only
-        ),
+        KernelSpec(op, KernelBackend.JIT, f"{mod.__name__}:jit", device_types=frozenset({"cpu"}), check=small_only),
         KernelSpec(op, KernelBackend.FLASHINFER, f"{mod.__name__}:missing", device_types=frozenset({"cpu"})),
         KernelSpec(op, KernelBackend.TORCH, f"{mod.__name__}:torch", device_types=frozenset({"cpu"})),
     )
@@ -93,33 +91,24 @@ def test_real_ops_on_cpu_use_torch_and_explain_others():
         for spec, reason in rows[:-1]:
             assert reason, f"{op}/{spec.backend.value} should be ineligible on CPU"
     with pytest.raises(BackendUnavailableError, match="flashinfer"):
-        slim_kernel.dsv3_router_gemm(
-            torch.randn(2, 64).bfloat16(), torch.randn(8, 64).bfloat16(), backend="flashinfer"
-        )
+        slim_kernel.dsv3_router_gemm(torch.randn(2, 64).bfloat16(), torch.randn(8, 64).bfloat16(),
+                                     backend="flashinfer")
 
 
 def test_import_is_lazy():
     import subprocess
-
-    code = (
-        "import sys, slim_kernel; assert 'torch' not in sys.modules; "
-        "slim_kernel.dsv3_router_gemm; assert 'torch' in sys.modules; "
-        "assert 'flashinfer' not in sys.modules; "
-        "assert 'slim_kernel._native' not in sys.modules"
-    )
+    code = ("import sys, slim_kernel; assert 'torch' not in sys.modules; "
+            "slim_kernel.dsv3_router_gemm; assert 'torch' in sys.modules; "
+            "assert 'flashinfer' not in sys.modules; "
+            "assert 'slim_kernel._native' not in sys.modules")
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
 def test_defer_skips_only_unpinned_selection(fake_op):
     op, _ = fake_op
     specs = registry._REGISTRY[op]
-    specs[0] = KernelSpec(
-        op,
-        KernelBackend.JIT,
-        specs[0].target,
-        device_types=frozenset({"cpu"}),
-        defer=lambda out, x: "slower than torch here" if x.shape[0] == 2 else None,
-    )
+    specs[0] = KernelSpec(op, KernelBackend.JIT, specs[0].target, device_types=frozenset({"cpu"}),
+                          defer=lambda out, x: "slower than torch here" if x.shape[0] == 2 else None)
     assert _pick(op, 3) == "jit"
     with pytest.warns(RuntimeWarning):  # flashinfer (broken target) is next in line
         assert _pick(op, 2) == "torch"
