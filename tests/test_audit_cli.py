@@ -170,9 +170,10 @@ def test_progress_bar_on_stderr(tmp_path, capsys):
     assert "audit p.whl" in capsys.readouterr().err
 
 
-def test_bad_jobs_argument(capsys):
-    assert main(["audit", "--jobs", "0", "x.whl"]) == 2
-    assert "--jobs" in capsys.readouterr().err
+@pytest.mark.parametrize("args", [["--jobs", "0"], ["--time-limit", "0"], ["--time-limit", "nan"]])
+def test_bad_jobs_and_time_limit_arguments(capsys, args):
+    assert main(["audit", *args, "x.whl"]) == 2
+    assert args[0] in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("command", [["audit"], ["size", "--budget", "1MB"]])
