@@ -29,10 +29,12 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "python"))  # the tree under test, as for the audit runs below
+from slim_kernel.names import OPS  # noqa: E402 (torch-free)
+
 DEFAULT_SPEC = "sgl-kernel==0.3.21"
 CONTROL_SPEC = "flashinfer-python==0.7.2"
-OPS = ("bmm_fp8", "dsv3_router_gemm", "dsv3_fused_a_gemm")
-OP_RE = re.compile(r"(?<![A-Za-z0-9])(bmm_fp8|dsv3_router_gemm|dsv3_fused_a_gemm)(?![A-Za-z0-9])")
+OP_RE = re.compile(r"(?<![A-Za-z0-9])(" + "|".join(map(re.escape, OPS)) + r")(?![A-Za-z0-9])")
 
 
 def download(spec: str, dest: Path) -> Path:
@@ -87,7 +89,7 @@ def run_slim(wheel: Path, jobs: int | None, repeat: int) -> dict:
         runs.append(round(time.perf_counter() - start, 2))
     seconds = statistics.median(runs)
     peak_rss = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024
-    res = json.loads(proc.stdout)
+    (res,) = json.loads(proc.stdout)["wheels"]
     per_layer = {}
     for f in res["findings"]:
         per_layer.setdefault(f["layer"], set()).add(f["op"])
@@ -113,7 +115,7 @@ def run_control(wheel: Path) -> dict:
     env = dict(os.environ, PYTHONPATH=str(REPO / "python"))
     cmd = [sys.executable, "-m", "slim_kernel", "audit", "--json", "--no-progress", str(wheel)]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
-    res = json.loads(proc.stdout)
+    (res,) = json.loads(proc.stdout)["wheels"]
     kinds: dict[str, int] = {}
     for r in res["routed"]:
         kinds[r["kind"]] = kinds.get(r["kind"], 0) + r["count"]

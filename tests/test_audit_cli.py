@@ -84,7 +84,9 @@ def _synthetic_wheel(path: Path, build: Path) -> Path:
 def test_json_contract_and_human_report(tmp_path, capsys):
     wheel = _synthetic_wheel(tmp_path / "w.whl", tmp_path / "b")
     assert main(["audit", "--json", "--no-progress", str(wheel)]) == 1
-    res = json.loads(capsys.readouterr().out)
+    doc = json.loads(capsys.readouterr().out)
+    assert set(doc) == {"schema", "wheels"} and doc["schema"] == 1 and len(doc["wheels"]) == 1
+    (res,) = doc["wheels"]
     assert {"wheel", "clean", "ops_found", "findings", "seconds"} <= set(res)
     assert res["wheel"] == str(wheel) and res["clean"] is False and isinstance(res["seconds"], float)
     assert res["ops_found"] == ["dsv3_router_gemm"]
@@ -168,9 +170,10 @@ def test_progress_bar_on_stderr(tmp_path, capsys):
     assert "audit p.whl" in capsys.readouterr().err
 
 
-def test_bad_jobs_argument(capsys):
-    assert main(["audit", "--jobs", "0", "x.whl"]) == 2
-    assert "--jobs" in capsys.readouterr().err
+@pytest.mark.parametrize("args", [["--jobs", "0"], ["--time-limit", "0"], ["--time-limit", "nan"]])
+def test_bad_jobs_and_time_limit_arguments(capsys, args):
+    assert main(["audit", *args, "x.whl"]) == 2
+    assert args[0] in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("command", [["audit"], ["size", "--budget", "1MB"]])
@@ -204,3 +207,49 @@ def test_demangler_batches_and_refuses_odd_names():
     assert out["_Z7bmm_fp8v"] == "bmm_fp8()" and out["_Z16dsv3_router_gemmi"] == "dsv3_router_gemm(int)"
     assert out["plain_name"] == "plain_name" and out["_Z3foo\x85bar"] == "_Z3foo\x85bar"
     assert out["_Z" + "a" * 10_000] == "_Z" + "a" * 10_000
+
+
+# -- the cubin SM rule shared with the JIT cache -----------------------------------------------
+@pytest.mark.parametrize(
+    "abi, flags, arch",
+    [  # e_flags as found in sgl-kernel 0.3.21's cubins (CUDA 12.x) and nvcc 13.0 output
+        (7, 0x5A055A, "sm_90"),
+        (7, 0x5A0D5A, "sm_90a"),
+        (7, 0x500550, "sm_80"),
+        (8, 0x600640A, "sm_100a"),
+        (8, 0x600780A, "sm_120a"),
+        (8, 0x6006402, "sm_100"),
+        (8, 0x6005A04, "sm_90"),
+    ],
+)
+def test_one_cubin_sm_rule_for_audit_and_jit(tmp_path, capsys, abi, flags, arch):
+    from slim_kernel.jit.resources import cubin_sm
+
+    cubin = bytearray(tiny_elf(["bmm_fp8_kernel"], flags=flags))
+    cubin[7], cubin[8] = (0x41, 8) if abi == 8 else (0x33, 7)
+    assert cubin_sm(bytes(cubin)) == int(arch.split("_")[1].rstrip("a"))
+    assert (
+        main(
+            ["audit", "--json", "--no-progress", str(make_wheel(tmp_path / "c.whl", {"pkg/k.cubin": cubin}))]
+        )
+        == 1
+    )
+    (res,) = json.loads(capsys.readouterr().out)["wheels"]
+    assert {a for f in res["findings"] for a in f["archs"]} == {arch}  # the shipped .cubin's own arch
+
+
+# -- a missing decompressor is a clear exit 3, not a traceback --------------------------------
+@pytest.mark.parametrize("module, flags", [("lz4", 0x2011), ("zstandard", 0x8011)])
+def test_missing_decompressor_names_the_package(tmp_path, capsys, monkeypatch, module, flags):
+    from audit_fixtures import fatbin_entry, fatbin_header
+
+    blob = fatbin_header(64 + 16) + fatbin_entry(2, b"\xff" * 16, flags=flags, csize=16, usize=64)
+    wheel = make_wheel(tmp_path / "z.whl", {"pkg/k.fatbin": blob})
+    for name in (module, f"{module}.block"):
+        monkeypatch.setitem(sys.modules, name, None)  # import fails as if not installed
+    assert main(["audit", "--no-progress", "--jobs", "1", str(wheel)]) == 3
+    out = capsys.readouterr().out
+    assert f"needs the '{module}' package" in out and "Traceback" not in out
+    assert main(["size", "--no-progress", "--jobs", "1", str(wheel)]) == 3
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and f"'{module}'" in err

@@ -4,6 +4,7 @@ mentions must pass."""
 
 from __future__ import annotations
 
+import io
 import json
 
 import pytest
@@ -16,8 +17,12 @@ needs_nvcc = pytest.mark.skipif(NVCC is None, reason="nvcc not found")
 
 
 def audit(capsys, *args: str) -> tuple[int, dict | list]:
+    """Exit code and the per-wheel results: one object for one wheel, else the list."""
     rc = main(["audit", "--json", "--no-progress", *map(str, args)])
-    return rc, json.loads(capsys.readouterr().out)
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["schema"] == 1, doc
+    wheels = doc["wheels"]
+    return rc, wheels[0] if len(wheels) == 1 else wheels
 
 
 def layers_of(result: dict, op: str | None = None) -> set[str]:
@@ -208,6 +213,12 @@ def test_python_jit_sources_and_metadata_are_routed_not_findings(tmp_path, capsy
     assert ("pkg/ops.py", "python", "bmm_fp8") in routed
     assert ("pkg/jit/kernels/router.cuh", "jit-source", "dsv3_router_gemm") in routed
     assert ("demo-0.1.dist-info/METADATA", "metadata", "dsv3_router_gemm") in routed
+    assert main(["audit", "--no-progress", str(wheel)]) == 0
+    # files, not mentions: 2 Python files (4 mentions), 1 JIT source, 1 METADATA
+    assert (
+        "op names mentioned in 4 files (1 in jit-source, 1 in metadata, 2 in python; 6 mentions)"
+        in capsys.readouterr().out
+    )
 
 
 @needs_gxx
@@ -303,3 +314,53 @@ def test_nested_archive_limits(capsys, tmp_path):
         zf.writestr("zeros.bin", b"\0" * (64 << 20))
     rc, res = audit(capsys, make_wheel(tmp_path / "nb.whl", {"pkg/bomb.zip": bomb.read_bytes()}))
     assert rc == 2 and "pkg/bomb.zip (nested zip)" in res["error"] and "zip bomb" in res["error"]
+
+
+class _Unseekable(io.RawIOBase):
+    """A write-only stream: zipfile then writes every member's sizes after its data."""
+
+    def __init__(self):
+        self.buf = io.BytesIO()
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, b) -> int:
+        return self.buf.write(b)
+
+
+def test_nested_zips_in_memory_and_streamed(capsys, tmp_path, monkeypatch):
+    """Small nested zips (TorchScript .pt/.ptl: stored members with data descriptors) are opened
+    by their central directory; larger ones are streamed by local headers, where a data
+    descriptor cannot be delimited and is refused by name."""
+    import zipfile
+
+    from slim_kernel.audit import nested
+
+    out = _Unseekable()
+    with zipfile.ZipFile(out, "w") as zf:
+        zf.writestr("m/data.pkl", b"\x80\x02" + b"\0" * 64)
+        zf.writestr(
+            zipfile.ZipInfo("m/code/model.py"), b"y = torch.ops.sgl_kernel.bmm_fp8(x)\n", zipfile.ZIP_DEFLATED
+        )
+    ptl = out.buf.getvalue()
+    with zipfile.ZipFile(io.BytesIO(ptl)) as zf:
+        assert all(i.flag_bits & 0x8 for i in zf.infolist())  # really data descriptors
+    wheel = make_wheel(tmp_path / "ts.whl", {"pkg/model.ptl": ptl})
+    rc, res = audit(capsys, wheel)
+    assert rc == 0 and [(r["member"], r["op"]) for r in res["routed"]] == [
+        ("pkg/model.ptl!m/code/model.py", "bmm_fp8")
+    ]
+    plain = make_wheel(tmp_path / "inner.whl", {"inner/a.py": b"bmm_fp8\n", "inner/b.bin": b"\0" * 5000})
+    outer = make_wheel(tmp_path / "outer.whl", {"pkg/inner.whl": plain.read_bytes()})
+
+    def without_time(result):
+        rc, res = result
+        return rc, {k: v for k, v in res.items() if k != "seconds"}
+
+    in_memory = without_time(audit(capsys, outer))
+    monkeypatch.setattr(nested, "ZIP_IN_MEMORY", 0)
+    assert without_time(audit(capsys, outer)) == in_memory
+    assert in_memory[1]["routed"][0]["member"] == "pkg/inner.whl!inner/a.py"
+    rc, res = audit(capsys, wheel)
+    assert rc == 2 and "'m/data.pkl' stores its sizes after its data (data descriptor)" in res["error"]

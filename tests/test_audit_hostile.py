@@ -34,7 +34,9 @@ PACKAGE_ROOT = str(Path(slim_kernel.__file__).resolve().parents[1])
 def refused(capsys, wheel, *needles: str) -> dict:
     start = time.perf_counter()
     rc = main(["audit", "--json", "--no-progress", str(wheel)])
-    out = json.loads(capsys.readouterr().out)
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["schema"] == 1 and len(doc["wheels"]) == 1, doc
+    out = doc["wheels"][0]
     assert rc == 2, out
     assert time.perf_counter() - start < 10
     for needle in needles:
@@ -98,10 +100,10 @@ def test_inflaters_agree(tmp_path, monkeypatch, capsys):
         tmp_path / "same.whl", {"pkg/a.py": b"import bmm_fp8\n" * 5_000, "pkg/b.bin": os.urandom(1 << 20)}
     )
     main(["audit", "--json", "--no-progress", str(wheel)])
-    fast = json.loads(capsys.readouterr().out)
+    (fast,) = json.loads(capsys.readouterr().out)["wheels"]
     monkeypatch.setattr(wheel_mod, "_fast_inflater", lambda: None)
     main(["audit", "--json", "--no-progress", str(wheel)])
-    slow = json.loads(capsys.readouterr().out)
+    (slow,) = json.loads(capsys.readouterr().out)["wheels"]
     assert fast["routed"] == slow["routed"] and fast["routed"][0]["count"] == 5_000
 
 
@@ -198,7 +200,7 @@ def test_nothing_written_outside_private_tempdir(tmp_path):
     assert sorted(p.name for p in (tmp_path / "w").iterdir()) == ["ok.whl"]
 
 
-def test_too_many_fatbin_entries_and_text_lines_are_bounded():
+def test_too_many_fatbin_headers_and_text_lines_are_bounded():
     import io
 
     from audit_fixtures import fatbin_of, tiny_elf
@@ -208,9 +210,10 @@ def test_too_many_fatbin_entries_and_text_lines_are_bounded():
     from slim_kernel.audit.scan import ScanContext, scan_member
 
     blob = fatbin_of([(tiny_elf(["k"]), 90, 0x11)] * 20)
-    ctx = ScanContext(Rules(), Limits(max_fatbin_entries=10, max_text_lines=100))
-    with pytest.raises(AuditInputError, match="more than 10 fatbin entries"):
+    ctx = ScanContext(Rules(), Limits(max_items=10))
+    with pytest.raises(AuditInputError, match="more than 10 items"):
         scan_member(io.BytesIO(blob), "k.fatbin", len(blob), len(blob), ctx)
     text = b"y = bmm_fp8(x)\n" * 30_000
+    ctx = ScanContext(Rules(), Limits(max_text_lines=100))
     scan = scan_member(io.BytesIO(text), "pkg/a.py", len(text), len(text), ctx)
     assert scan.routed[0]["count"] == 100 and scan.stats["routed_truncated"] == 1

@@ -29,7 +29,7 @@ def _wheel(var: str) -> str:
 
 def test_aot_wheel_all_ops_in_every_host_and_device_layer(capsys):
     assert main(["audit", "--json", "--no-progress", _wheel("SLIM_KERNEL_AOT_WHEEL")]) == 1
-    res = json.loads(capsys.readouterr().out)
+    (res,) = json.loads(capsys.readouterr().out)["wheels"]
     assert res["ops_found"] == RETIRED
     for layer in ("elf-dynsym", "rodata-schema", "fatbin-kernel", "fatbin-tu"):
         assert sorted({f["op"] for f in res["findings"] if f["layer"] == layer}) == RETIRED, layer
@@ -43,6 +43,7 @@ def test_size_attributes_the_retired_ops_and_compares(capsys):
     aot, clean = _wheel("SLIM_KERNEL_AOT_WHEEL"), _wheel("SLIM_KERNEL_CLEAN_WHEEL")
     assert main(["size", "--json", "--no-progress", clean, "--baseline", aot]) == 0
     rep = json.loads(capsys.readouterr().out)
+    assert rep["schema"] == 1
     per_op = rep["baseline"]["per_op"]
     assert sorted(per_op) == RETIRED and rep["subject"]["per_op"] == {}
     one_so = sum(v["members"].get("sgl_kernel/sm90/common_ops.abi3.so", 0) for v in per_op.values())

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import zipfile
 
 import pytest
@@ -38,7 +39,9 @@ def test_parse_size_rejects(text):
 
 def size_json(capsys, *args) -> tuple[int, dict]:
     rc = main(["size", "--json", "--no-progress", *map(str, args)])
-    return rc, json.loads(capsys.readouterr().out)
+    report = json.loads(capsys.readouterr().out)
+    assert report["schema"] == 1
+    return rc, report
 
 
 @pytest.fixture
@@ -185,3 +188,14 @@ def test_compressed_entries_stored_vs_unpacked(capsys, tmp_path):
     assert rep["subject"]["device_bytes"] == sum(v["stored"] for v in per_arch.values()) <= len(blob)
     op = rep["subject"]["per_op"]["dsv3_router_gemm"]  # attributed through the TU name alone
     assert op["device"] == rep["subject"]["device_bytes"] and op["host"] == 0
+
+
+def test_png_without_matplotlib_is_one_line_and_exit_3(tmp_path, capsys, monkeypatch):
+    wheel = make_wheel(tmp_path / "p.whl", {"pkg/a.py": b"x = 1\n"})
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import fails as if not installed
+    png = tmp_path / "s.png"
+    assert main(["size", str(wheel), "--png", str(png), "--no-progress"]) == 3
+    captured = capsys.readouterr()
+    err = captured.err.strip().splitlines()
+    assert len(err) == 1 and "matplotlib" in err[0] and "slim-kernel[audit]" in err[0], err
+    assert "Traceback" not in captured.err and not png.exists()

@@ -1,7 +1,10 @@
-"""`slim-kernel audit WHEEL... [--json] [--retired OPS]`.
+"""`slim-kernel audit WHEEL... [--json] [--retired OPS] [--time-limit S]`.
 
 Exit 0: no retired AOT code in any wheel; 1: some found; 2: a wheel could not be read
-(missing, not a zip, empty, hostile or malformed). Never imports torch.
+(missing, not a regular file, not a zip, empty, hostile, malformed, over the time limit) or a
+bad argument; 3: a package the audit needs is missing. The worst code over all wheels wins.
+`--json` prints one object, ``{"schema": 1, "wheels": [...]}`` (see audit/README.md).
+Never imports torch.
 """
 
 from __future__ import annotations
@@ -10,19 +13,19 @@ import json
 import sys
 import time
 
-from .findings import audit_result, error_result, human_report
-from .limits import AuditInputError, Limits
+from .findings import SCHEMA, audit_result, error_result, human_report
+from .limits import AuditInputError, Limits, MissingDependencyError
 from .rules import Rules, parse_retired
 from .runner import scan_wheel
 from .scan import ScanContext
 
-EXIT_CLEAN, EXIT_FOUND, EXIT_UNREADABLE = 0, 1, 2
+EXIT_CLEAN, EXIT_FOUND, EXIT_UNREADABLE, EXIT_MISSING = 0, 1, 2, 3
 
 
 def add_arguments(parser) -> None:
     parser.add_argument("wheels", nargs="+", metavar="WHEEL", help="wheel files to audit")
     parser.add_argument(
-        "--json", action="store_true", help="print JSON (one object per wheel, a list for several)"
+        "--json", action="store_true", help='print JSON: {"schema": 1, "wheels": [one object per wheel]}'
     )
     add_common_arguments(parser)
 
@@ -38,6 +41,13 @@ def add_common_arguments(parser) -> None:
     )
     parser.add_argument(
         "--jobs", type=int, default=None, metavar="N", help="worker processes (default: all cores)"
+    )
+    parser.add_argument(
+        "--time-limit",
+        type=float,
+        default=Limits.max_seconds,
+        metavar="S",
+        help=f"give up on a wheel (exit 2) after S seconds (default {Limits.max_seconds:g})",
     )
     bar = parser.add_mutually_exclusive_group()
     bar.add_argument(
@@ -56,7 +66,9 @@ def context_from_args(args) -> ScanContext:
     """Build the scan context; raises ValueError naming the bad argument."""
     if args.jobs is not None and args.jobs < 1:
         raise ValueError(f"--jobs: expected a positive number of workers, got {args.jobs}")
-    return ScanContext(Rules(parse_retired(args.retired)), Limits())
+    if not args.time_limit > 0:
+        raise ValueError(f"--time-limit: expected a positive number of seconds, got {args.time_limit}")
+    return ScanContext(Rules(parse_retired(args.retired)), Limits(max_seconds=args.time_limit))
 
 
 def audit_one(path: str, ctx: ScanContext, jobs=None, progress=None) -> tuple[dict, int]:
@@ -64,9 +76,11 @@ def audit_one(path: str, ctx: ScanContext, jobs=None, progress=None) -> tuple[di
     try:
         scan = scan_wheel(path, ctx, jobs=jobs, progress=progress)
     except AuditInputError as exc:
-        return error_result(path, str(exc), time.perf_counter() - start), EXIT_UNREADABLE
+        return error_result(path, str(exc), time.perf_counter() - start, EXIT_UNREADABLE), EXIT_UNREADABLE
+    except MissingDependencyError as exc:
+        return error_result(path, str(exc), time.perf_counter() - start, EXIT_MISSING), EXIT_MISSING
     result = audit_result(scan, ctx.rules)
-    return result, EXIT_CLEAN if result["clean"] else EXIT_FOUND
+    return result, result["exit_code"]
 
 
 def run(args) -> int:
@@ -82,9 +96,9 @@ def run(args) -> int:
         code = max(code, rc)
         if not args.json:
             print(human_report(result), flush=True)
-        elif rc == EXIT_UNREADABLE:
+        elif "error" in result:
             print(f"slim-kernel audit: {path}: {result['error']}", file=sys.stderr)
     if args.json:
-        json.dump(results[0] if len(results) == 1 else results, sys.stdout, indent=2)
+        json.dump({"schema": SCHEMA, "wheels": results}, sys.stdout, indent=2)
         print()
     return code

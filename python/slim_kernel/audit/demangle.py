@@ -24,8 +24,9 @@ def available() -> bool:
     return _tool() is not None
 
 
-def demangle_all(names) -> dict[str, str]:
-    """Map each name to its demangled form (itself when not a mangled C++ name)."""
+def demangle_all(names, timeout: float = TIMEOUT_S) -> dict[str, str]:
+    """Map each name to its demangled form (itself when not a mangled C++ name); `timeout`
+    seconds at most (then names stay mangled)."""
     names = list(dict.fromkeys(names))
     out = {n: n for n in names}
     mangled = [
@@ -44,7 +45,7 @@ def demangle_all(names) -> dict[str, str]:
             text=True,
             encoding="latin-1",
             check=False,
-            timeout=TIMEOUT_S,
+            timeout=max(min(timeout, TIMEOUT_S), 0.1),
         )
     except subprocess.TimeoutExpired:
         return out  # a crafted name can make demanglers crawl: keep names mangled

@@ -4,21 +4,27 @@ A cubin names its kernels in `.text.<mangled>` sections and its symbol table; th
 unit it was compiled from survives in internal-linkage names, which nvcc spells
 ``_INTERNAL_<hash>_<len>_<file with . -> _>_<hash>`` (``<len>`` counts the file part, so
 ``_29_dsv3_router_gemm_float_out_cu`` is ``dsv3_router_gemm_float_out.cu``). PTX names its
-kernels in `.entry` directives and its target in `.target`.
+kernels in `.entry` directives and its target in `.target`. Both are read in windows from a
+`SpanStore` (or bytes), and names are handed on lazily, so nothing grows with the input.
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from collections.abc import Iterable
+from dataclasses import dataclass
 
-from .elf import STT_FUNC, ElfFile, StringHits
-from .limits import Limits
+from ..cubin import decode_sm
+from .elf import STT_FUNC, ElfFile, HitStrings
+from .limits import Limits, MalformedBinaryError
 from .rules import Rules
+from .stream import WINDOW, SpanStore, context_windows, window_matches
 
-_TU = re.compile(rb"_INTERNAL_[0-9a-f]+_(\d{1,4})_")
-_PTX_ENTRY = re.compile(rb"\.entry\s+([A-Za-z_$%][\w$%]*)")
-_PTX_TARGET = re.compile(rb"\.target\s+(sm_\w+)")
+# Every pattern is shorter than OVERLAP, so a window sees each match whole.
+OVERLAP = 16 << 10
+_TU = re.compile(rb"_INTERNAL_[0-9a-f]{1,64}_(\d{1,4})_")
+_PTX_ENTRY = re.compile(rb"\.entry\s{1,64}([A-Za-z_$%][\w$%]{0,4095})")
+_PTX_TARGET = re.compile(rb"\.target\s{1,64}(sm_\w{1,16})")
 _FILE_OK = re.compile(rb"^[A-Za-z0-9_]+$")
 
 
@@ -28,70 +34,112 @@ class DeviceCode:
     arch: str
     tus: tuple[str, ...] = ()  # source files, e.g. "dsv3_router_gemm_float_out.cu"
     tu_ops: tuple[str, ...] = ()  # retired ops the TU names match
-    names: list[tuple[str, int, str]] = field(default_factory=list)  # (raw name, size, what)
+    names: Iterable[tuple[str, int, str]] = ()  # (raw name, size, what): may be lazy
     kernel_count: int = 0
 
 
-def tu_files(blob: bytes) -> tuple[str, ...]:
-    """Distinct translation-unit file names in a string table or PTX text."""
-    found: dict[str, None] = {}
-    for m in _TU.finditer(blob):
+class _Tus:
+    """Distinct translation-unit file names seen in windows of a string table or PTX text."""
+
+    def __init__(self, limits: Limits, what: str):
+        self.found: dict[str, None] = {}
+        self._limit, self._what = limits.max_hits_per_member, what
+
+    def add(self, data: bytes, m: re.Match) -> None:
         n = int(m.group(1))
-        raw = blob[m.end() : m.end() + n]
+        raw = data[m.end() : m.end() + n]
         if n == 0 or len(raw) != n or not _FILE_OK.match(raw):
-            continue
+            return
         name = raw.decode("ascii")
         for ext in ("_cu", "_cuh", "_cpp"):
             if name.endswith(ext):
                 name = name[: -len(ext)] + "." + ext[1:]
                 break
-        found[name] = None
-    return tuple(found)
+        if name not in self.found and len(self.found) >= self._limit:
+            raise MalformedBinaryError(f"{self._what}: more than {self._limit} translation units (hostile?)")
+        self.found[name] = None
 
-
-def _tu_ops(tus: tuple[str, ...], rules: Rules) -> tuple[str, ...]:
-    return tuple(dict.fromkeys(op for tu in tus for op in rules.match(tu)))
+    def ops(self, rules: Rules) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(op for tu in self.found for op in rules.match(tu)))
 
 
 def cubin_arch(elf: ElfFile) -> str:
-    # CUDA ELF ABI v7 (OS/ABI 0x33) keeps the SM in the low byte of e_flags; v8 (0x41) in bits 8-15.
-    sm = (elf.flags >> 8) & 0xFF if elf.osabi == 0x41 else elf.flags & 0xFF
-    return f"sm_{sm}"
+    sm, specific = decode_sm(elf.abiversion, elf.flags)
+    return f"sm_{sm}{'a' if specific else ''}"
 
 
-def summarize_cubin(data: bytes, rules: Rules, limits: Limits, what: str, arch: str = "") -> DeviceCode:
+def summarize_cubin(data, rules: Rules, limits: Limits, what: str, arch: str = "", budget=None) -> DeviceCode:
+    """`data`: the cubin (bytes, or a `SpanStore` holding it). `names` is read lazily from
+    `data`: consume it while `data` is open. `budget`: the wheel's `Budget`, if any."""
     elf = ElfFile(data, limits, what)
-    texts = [(s.name[6:], s.size) for s in elf.sections if s.name.startswith(".text.")]
-    strtab_sec = elf.section(".strtab")
-    strtab = elf.section_data(strtab_sec) if strtab_sec else b""
-    tus = tu_files(strtab)
-    code = DeviceCode("cubin", arch or cubin_arch(elf), tus, _tu_ops(tus, rules), kernel_count=len(texts))
-    if code.tu_ops:  # the whole cubin belongs to a retired op: list every kernel
-        code.names = [(name, size, "kernel") for name, size in texts]
-    else:
-        code.names = [(name, size, "kernel") for name, size in texts if rules.maybe(name.encode("latin-1"))]
-    hits = StringHits(strtab, rules.positions(strtab))
+    strtab = elf.section(".strtab")
+    tus = _Tus(limits, what)
+    if strtab is not None:
+        for m in window_matches(_TU, context_windows(elf.chunks(strtab), OVERLAP)):
+            tus.add(m.string, m)
+    kernels = sum(1 for s in elf.sections if s.name.startswith(".text."))
+    code = DeviceCode(
+        "cubin", arch or cubin_arch(elf), tuple(tus.found), tus.ops(rules), kernel_count=kernels
+    )
+    code.names = _cubin_names(elf, code, rules, limits, what, budget)
+    return code
+
+
+def _cubin_names(elf: ElfFile, code: DeviceCode, rules: Rules, limits: Limits, what: str, budget):
+    """Kernels (`.text.<name>` sections) and defined symbols that may name a retired op; every
+    kernel when the cubin's translation unit is retired. Each name once (by hash)."""
+    seen: set[int] = set()
+
+    def new(name: str) -> bool:
+        if hash(name) in seen:
+            return False
+        if len(seen) >= limits.max_candidates:
+            raise MalformedBinaryError(f"{what}: more than {limits.max_candidates:,} candidate names")
+        seen.add(hash(name))
+        return True
+
+    for s in elf.sections:
+        name = s.name[6:]
+        if s.name.startswith(".text.") and (code.tu_ops or rules.maybe(name.encode("latin-1"))) and new(name):
+            yield name, s.size, "kernel"
     symtab = elf.section(".symtab")
-    if hits and symtab is not None:
-        seen = {name for name, _, _ in code.names}
+    if symtab is None:
+        return
+    hits = HitStrings(elf, elf.linked(symtab), rules, limits, budget)
+    if hits:
         for sym in elf.iter_symbols(symtab, hits):
             name = sym.name.decode("latin-1")
-            if sym.defined and sym.type != 3 and name not in seen:
-                seen.add(name)
-                code.names.append((name, sym.size, "kernel" if sym.type == STT_FUNC else "symbol"))
-    return code
+            if sym.defined and sym.type != 3 and new(name):
+                yield name, sym.size, "kernel" if sym.type == STT_FUNC else "symbol"
 
 
-def summarize_ptx(text: bytes, rules: Rules, arch: str = "") -> DeviceCode:
-    target = _PTX_TARGET.search(text)
-    entries = [m.group(1).decode("latin-1") for m in _PTX_ENTRY.finditer(text)]
-    tus = tu_files(text)
+def summarize_ptx(data, rules: Rules, limits: Limits, what: str, arch: str = "") -> DeviceCode:
+    """`data`: the PTX text (bytes, or a `SpanStore` holding it), read twice: target and
+    translation units first, then (lazily, in `names`) the entries."""
+    target, count = None, 0
+    tus = _Tus(limits, what)
+    for window in context_windows(_pieces(data), OVERLAP):
+        if target is None:
+            target = next((m.group(1) for m in window_matches(_PTX_TARGET, [window])), None)
+        for m in window_matches(_TU, [window]):
+            tus.add(m.string, m)
+        count += sum(1 for _ in window_matches(_PTX_ENTRY, [window]))
     code = DeviceCode(
         "ptx",
-        arch or (target.group(1).decode().replace("sm_", "compute_") if target else "ptx"),
-        tus,
-        _tu_ops(tus, rules),
-        kernel_count=len(entries),
+        arch or (target.decode().replace("sm_", "compute_") if target else "ptx"),
+        tuple(tus.found),
+        tus.ops(rules),
+        kernel_count=count,
     )
-    code.names = [(e, 0, "entry") for e in entries if code.tu_ops or rules.maybe(e.encode("latin-1"))]
+    code.names = (
+        (m.group(1).decode("latin-1"), 0, "entry")
+        for m in window_matches(_PTX_ENTRY, context_windows(_pieces(data), OVERLAP))
+        if code.tu_ops or rules.maybe(m.group(1))
+    )
     return code
+
+
+def _pieces(data):
+    if isinstance(data, SpanStore):
+        return data.pieces(0, len(data))
+    return ((at, data[at : at + WINDOW]) for at in range(0, len(data), WINDOW))

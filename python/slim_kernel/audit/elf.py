@@ -1,27 +1,31 @@
 """A minimal, bounds-checked ELF reader (host libraries and CUDA cubins).
 
 Works on any object with ``len()`` and slicing that returns bytes (bytes, memoryview, or the
-sparse `SpanStore` used for streamed host libraries). Every offset and size read from the file is
-checked against the data before use; inconsistencies raise `MalformedBinaryError`.
+sparse `SpanStore` used for streamed libraries and cubins). Every offset and size read from the
+file is checked against the data before use; inconsistencies raise `MalformedBinaryError`.
+Tables are read a window at a time, so a huge string or symbol table is never held whole.
 """
 
 from __future__ import annotations
 
 import struct
-from bisect import bisect_left
+from array import array
+from bisect import bisect_right
 from dataclasses import dataclass
+from typing import NamedTuple
 
-from .limits import Limits, MalformedBinaryError
+from .limits import Budget, Limits, MalformedBinaryError
+from .stream import WINDOW, context_windows
 
 ELF_MAGIC = b"\x7fELF"
 EM_CUDA = 190
 SHT_SYMTAB, SHT_STRTAB, SHT_NOBITS, SHT_DYNSYM = 2, 3, 8, 11
 STT_OBJECT, STT_FUNC = 1, 2
 SHN_UNDEF, SHN_XINDEX = 0, 0xFFFF
+MAX_NAME = 4 << 10  # symbol name bytes read; longer names are cut (real: 172)
 
 
-@dataclass(frozen=True)
-class Section:
+class Section(NamedTuple):  # a tuple: cubins have thousands of sections
     index: int
     name: str
     type: int
@@ -96,18 +100,32 @@ class ElfFile:
         if shnum > self.limits.max_sections:
             raise MalformedBinaryError(f"{self.what}: {shnum} sections exceed the limit")
         table = self._read(shoff, shnum * entsize)
-        raw = [struct.unpack_from(fmt, table, i * entsize) for i in range(shnum)]
+        raw = list(struct.iter_unpack(fmt, table))
         names = b""
         if 0 < shstrndx < shnum:
             s = raw[shstrndx]
+            if s[1] != SHT_NOBITS and s[5] > self.limits.max_section_names:
+                raise MalformedBinaryError(
+                    f"{self.what}: section name table of {s[5]} bytes is over the limit"
+                )
             names = self._read(s[4], s[5]) if s[1] != SHT_NOBITS else b""
+        decoded: dict[int, str] = {}  # section names sharing an offset share one string
+        budget = self.limits.max_section_names
         sections = []
         for i, (name, typ, flags, _addr, off, size, link, _info, _align, ent) in enumerate(raw):
             if typ != SHT_NOBITS and i and (off + size > self.size):
                 raise MalformedBinaryError(
                     f"{self.what}: truncated ELF (section {i} ends at {off + size}, file has {self.size})"
                 )
-            sections.append(Section(i, cstr(names, name).decode("latin-1"), typ, flags, off, size, link, ent))
+            text = decoded.get(name)
+            if text is None:
+                text = decoded[name] = cstr(names, name).decode("latin-1")
+                budget -= len(text)
+                if budget < 0:
+                    raise MalformedBinaryError(
+                        f"{self.what}: section names total more than {self.limits.max_section_names:,} bytes"
+                    )
+            sections.append(Section(i, text, typ, flags, off, size, link, ent))
         return sections
 
     # -- queries ----------------------------------------------------------------------------
@@ -120,31 +138,45 @@ class ElfFile:
     def section_data(self, sec: Section) -> bytes:
         return self._read(sec.offset, sec.file_size)
 
-    def linked_strtab(self, sec: Section) -> bytes:
+    def chunks(self, sec: Section, step: int = WINDOW):
+        """(file offset, bytes) of the section, `step` bytes at a time."""
+        end = sec.offset + sec.file_size
+        for at in range(sec.offset, end, step):
+            yield at, self._read(at, min(step, end - at))
+
+    def linked(self, sec: Section) -> Section:
         if not 0 < sec.link < len(self.sections):
             raise MalformedBinaryError(f"{self.what}: {sec.name} links to missing section {sec.link}")
-        return self.section_data(self.sections[sec.link])
+        return self.sections[sec.link]
 
-    def iter_symbols(self, sec: Section, wanted_names: StringHits | None = None):
-        """Symbols of a SYMTAB/DYNSYM section; with `wanted_names`, only those whose name
-        contains one of the hits (a cheap prefilter for huge tables)."""
-        strtab = self.linked_strtab(sec)
+    def string_at(self, strtab: Section, off: int, limit: int = MAX_NAME) -> bytes:
+        """The NUL-terminated string at `off` in `strtab`, at most `limit` bytes of it."""
+        if off >= strtab.file_size:
+            raise MalformedBinaryError(f"{self.what}: string offset {off} outside {strtab.name}")
+        data = self._read(strtab.offset + off, min(limit, strtab.file_size - off))
+        end = data.find(b"\x00")
+        return data if end < 0 else data[:end]
+
+    def iter_symbols(self, sec: Section, wanted_names: HitStrings | None = None):
+        """Symbols of a SYMTAB/DYNSYM section, read a window at a time; with `wanted_names`,
+        only those whose name contains one of the hits (a cheap prefilter for huge tables)."""
+        strtab = self.linked(sec)
         entsize = 24 if self.is64 else 16
         if sec.size % entsize:
             raise MalformedBinaryError(f"{self.what}: {sec.name} size is not a multiple of {entsize}")
         if sec.size // entsize > self.limits.max_symbols:
             raise MalformedBinaryError(f"{self.what}: {sec.name} has too many symbols")
-        data = self.section_data(sec)
-        if self.is64:
-            rows = ((n, v, s, i, x) for n, i, _o, x, v, s in struct.iter_unpack(self.endian + "IBBHQQ", data))
-        else:
-            rows = ((n, v, s, i, x) for n, v, s, i, _o, x in struct.iter_unpack(self.endian + "IIIBBH", data))
-        for name_off, value, size, info, shndx in rows:
-            if wanted_names is not None and not wanted_names.covers(name_off):
-                continue
-            if name_off >= len(strtab):
-                raise MalformedBinaryError(f"{self.what}: symbol name offset {name_off} outside {sec.name}")
-            yield Symbol(cstr(strtab, name_off), value, size, info & 0xF, info >> 4, shndx)
+        fmt = self.endian + ("IBBHQQ" if self.is64 else "IIIBBH")
+        for _, data in self.chunks(sec, (WINDOW // entsize) * entsize):
+            for row in struct.iter_unpack(fmt, data):
+                if self.is64:
+                    name_off, info, _other, shndx, value, size = row
+                else:
+                    name_off, value, size, info, _other, shndx = row
+                if wanted_names is not None and not wanted_names.covers(name_off):
+                    continue
+                name = self.string_at(strtab, name_off)
+                yield Symbol(name, value, size, info & 0xF, info >> 4, shndx)
 
 
 def cstr(buf: bytes, off: int, limit: int = 1 << 16) -> bytes:
@@ -155,26 +187,54 @@ def cstr(buf: bytes, off: int, limit: int = 1 << 16) -> bytes:
     return buf[off : end if end >= 0 else min(len(buf), off + limit)]
 
 
-class StringHits:
-    """Positions of pattern hits in a string table, to select the strings that contain them.
+class HitStrings:
+    """The strings of a string table that hold a literal of `rules`, to select the symbols
+    whose names contain one: one (start, last hit) interval per string, at most
+    `limits.max_hit_strings`. The table is read a window at a time and each string's bytes
+    once, so time is linear and memory bounded whatever the table holds.
 
-    A symbol whose name starts at `off` contains a hit at `h >= off` iff no NUL lies between:
-    that is, the enclosing string of `h` starts at or before `off`.
+    A name starting at `off` contains a hit iff an interval has start <= off <= last hit.
     """
 
-    def __init__(self, table: bytes, positions: list[int]):
-        self.table = table
-        self.hits = sorted(positions)
-        self.starts = [table.rfind(b"\x00", 0, h) + 1 for h in self.hits]
+    STEP = WINDOW  # table bytes read at a time
+
+    def __init__(self, elf: ElfFile, strtab: Section, rules, limits: Limits, budget: Budget | None = None):
+        budget = budget or Budget()
+        self.starts, self.lasts = array("q"), array("q")
+        base0 = strtab.offset
+        last_nul = -1  # offset in the table of the last NUL before the current window
+        windows = context_windows(elf.chunks(strtab, self.STEP), rules.longest_literal)
+        for base, data, lo, hi in windows:
+            find = rules.finder(data, lo, hi)
+            p = find.find(lo)
+            while p >= 0:
+                nul = data.rfind(b"\x00", 0, p)
+                start = base - base0 + nul + 1 if nul >= 0 else last_nul + 1
+                end = data.find(b"\x00", p)  # the string's end, or past this window
+                stop = hi if end < 0 else min(end, hi)
+                nxt = find.find(p + 1)
+                last = base - base0 + (p if nxt < 0 or nxt >= stop else find.last(nxt, stop))
+                if self.starts and self.starts[-1] == start:
+                    self.lasts[-1] = last
+                elif len(self.starts) >= limits.max_hit_strings:
+                    raise MalformedBinaryError(
+                        f"{elf.what}: more than {limits.max_hit_strings:,} strings in {strtab.name} "
+                        "hold retired op names (hostile?)"
+                    )
+                else:
+                    budget.count(limits, elf.what)
+                    self.starts.append(start)
+                    self.lasts.append(last)
+                if end < 0:
+                    break
+                p = find.find(end)
+            nul = data.rfind(b"\x00", 0, hi)
+            if nul >= 0:
+                last_nul = base - base0 + nul
 
     def __bool__(self) -> bool:
-        return bool(self.hits)
+        return bool(self.starts)
 
     def covers(self, off: int) -> bool:
-        i = bisect_left(self.hits, off)
-        return i < len(self.hits) and self.starts[i] <= off
-
-    def strings(self) -> list[tuple[int, bytes]]:
-        """The distinct enclosing strings (offset, bytes)."""
-        seen = dict.fromkeys(self.starts)
-        return [(s, cstr(self.table, s)) for s in seen]
+        i = bisect_right(self.starts, off) - 1
+        return i >= 0 and self.lasts[i] >= off

@@ -13,16 +13,17 @@ flags: 0x2000 LZ4 block payload, 0x8000 zstd frame payload, 0x100000 arch-specif
 0x200000 family-specific ("f").
 
 Every size is validated against what remains of the container and the member before any
-allocation; decompressed sizes are capped by `Limits`.
+allocation; payloads are decompressed in windows as they are read (zstd: output may not outgrow
+1000 x the input read so far; LZ4 blocks, which only decompress whole, are capped by size).
 """
 
 from __future__ import annotations
 
-import io
 import struct
 from dataclasses import dataclass
 
-from .limits import AuditInputError, Limits, MalformedBinaryError
+from .limits import Limits, MalformedBinaryError, MissingDependencyError
+from .stream import WINDOW, SubReader
 
 MAGIC = 0xBA55ED50
 HEADER_PATTERN = struct.pack("<IHH", MAGIC, 1, 16)
@@ -31,6 +32,14 @@ MAX_ENTRY_HEADER = 4096
 FLAG_LZ4, FLAG_ZSTD = 0x2000, 0x8000
 FLAG_ARCH_SPECIFIC, FLAG_FAMILY = 0x100000, 0x200000
 KINDS = {1: "ptx", 2: "cubin"}
+ZSTD_READ = 16 << 10  # compressed bytes read at a time: a bomb is caught within 1000 x this
+
+
+def _missing(what: str, kind: str, package: str) -> MissingDependencyError:
+    return MissingDependencyError(
+        f"{what}: reading {kind} payloads needs the '{package}' package, a dependency of slim-kernel "
+        f"that is not installed: pip install {package}"
+    )
 
 
 @dataclass(frozen=True)
@@ -56,12 +65,14 @@ def arch_label(kind: str, sm: int, flags: int) -> str:
 
 def read_container(src, limits: Limits, on_entry) -> int:
     """Consume one container from `src` (a `stream.Pull` positioned at its header), calling
-    `on_entry(entry, payload_bytes)` for each entry with the decompressed payload.
-    Returns the container's total size."""
+    `on_entry(entry, payload)` for each entry, where `payload` yields the decompressed payload
+    in windows of at most `stream.WINDOW` bytes (what the callback leaves unread is skipped,
+    undecompressed). Returns the container's total size."""
     at = src.pos
     magic, version, hsize, fat_size = struct.unpack("<IHHQ", src.take(16))
     if magic != MAGIC or version != 1 or hsize != 16:
         raise MalformedBinaryError(f"{src.what}: bad fatbin header at offset {at}")
+    src.budget.count(limits, src.what)
     if fat_size > src.remaining:
         raise MalformedBinaryError(
             f"{src.what}: fatbin header at offset {at} declares {fat_size} bytes of entries, "
@@ -76,78 +87,106 @@ def read_container(src, limits: Limits, on_entry) -> int:
                     f"{src.what}: {len(tail)} stray bytes at the end of fatbin at {at}"
                 )
             break
-        entry, payload = _read_entry(src, end, limits)
-        on_entry(entry, payload)
+        entry, csize = _read_entry(src, end, limits)
+        src.budget.count(limits, src.what)
+        start = src.pos
+        on_entry(entry, _payload(src, entry, csize, limits))
+        src.skip(start + entry.stored - src.pos)
     return 16 + fat_size
 
 
-def _read_entry(src, end: int, limits: Limits) -> tuple[Entry, bytes]:
+def _read_entry(src, end: int, limits: Limits) -> tuple[Entry, int]:
+    """The entry header (declared sizes checked against the container and `limits`), leaving
+    `src` at the payload; returns it and the compressed size."""
     at = src.pos
     head = src.take(ENTRY_BASE)
     kind_id, _, hsize, stored = struct.unpack_from("<HHIQ", head, 0)
     csize, _, _, _, sm = struct.unpack_from("<IIHHI", head, 16)
     flags, _, usize = struct.unpack_from("<QQQ", head, 40)
+    what = f"{src.what}: fatbin entry at {at}"
     if not ENTRY_BASE <= hsize <= MAX_ENTRY_HEADER or at + hsize > end:
-        raise MalformedBinaryError(f"{src.what}: fatbin entry at {at} has absurd header size {hsize}")
+        raise MalformedBinaryError(f"{what} has absurd header size {hsize}")
     if hsize > ENTRY_BASE:
         src.take(hsize - ENTRY_BASE)
     if stored > end - src.pos:
         raise MalformedBinaryError(
-            f"{src.what}: fatbin entry at {at} declares a {stored}-byte payload, "
-            f"only {end - src.pos} remain in its container"
+            f"{what} declares a {stored}-byte payload, only {end - src.pos} remain in its container"
         )
     if stored > limits.max_entry_unpacked:
-        raise MalformedBinaryError(
-            f"{src.what}: fatbin entry at {at} payload of {stored} bytes is over the limit"
-        )
-    payload = src.take(stored)
+        raise MalformedBinaryError(f"{what}: payload of {stored} bytes is over the limit")
     kind = KINDS.get(kind_id, f"kind{kind_id}")
     compression = "lz4" if flags & FLAG_LZ4 else "zstd" if flags & FLAG_ZSTD else "none"
-    what = f"{src.what}: fatbin entry at {at}"
-    if compression != "none":
-        payload = decompress(compression, payload, csize, usize, limits, what)
-    entry = Entry(at, kind, arch_label(kind, sm, flags), flags, hsize, stored, compression, len(payload))
-    return entry, payload
+    if compression == "none":
+        usize = stored
+    else:
+        _check_declared(compression, stored, csize, usize, limits, what)
+    return Entry(at, kind, arch_label(kind, sm, flags), flags, hsize, stored, compression, usize), csize
 
 
-def decompress(method: str, payload: bytes, csize: int, usize: int, limits: Limits, what: str) -> bytes:
-    if not 0 < csize <= len(payload):
-        raise MalformedBinaryError(f"{what}: compressed size {csize} outside its {len(payload)}-byte payload")
+def _check_declared(method: str, stored: int, csize: int, usize: int, limits: Limits, what: str) -> None:
+    if not 0 < csize <= stored:
+        raise MalformedBinaryError(f"{what}: compressed size {csize} outside its {stored}-byte payload")
     if usize > limits.max_entry_unpacked or usize > max(csize, 1) * limits.max_entry_ratio:
         raise MalformedBinaryError(
             f"{what}: declares {usize} bytes uncompressed from {csize} (decompression bomb?)"
         )
-    data = payload[:csize]
-    if method == "lz4":
-        try:
-            import lz4.block
-        except ImportError:
-            raise AuditInputError(
-                f"{what}: LZ4 payload needs the 'lz4' package, a dependency of slim-kernel (pip install lz4)"
-            ) from None
-        try:
-            out = lz4.block.decompress(data, uncompressed_size=usize)
-        except Exception as exc:  # lz4.block.LZ4BlockError and size errors
-            raise MalformedBinaryError(f"{what}: corrupt LZ4 payload: {exc}") from None
+    if method == "lz4" and usize > limits.max_lz4_entry:
+        raise MalformedBinaryError(
+            f"{what}: LZ4 payload of {usize:,} bytes is over the limit of {limits.max_lz4_entry:,} "
+            "(LZ4 blocks decompress in one piece)"
+        )
+    if method == "lz4" and csize > usize + usize // 255 + 16:  # LZ4_COMPRESSBOUND
+        raise MalformedBinaryError(f"{what}: {csize}-byte LZ4 payload cannot hold {usize} bytes")
+
+
+def _payload(src, entry: Entry, csize: int, limits: Limits):
+    what = f"{src.what}: fatbin entry at {entry.offset}"
+    if entry.compression == "none":
+        for _, data in src.pieces(entry.stored):
+            yield data
+    elif entry.compression == "lz4":
+        yield _lz4(src.take(csize), entry.unpacked, what)
     else:
-        try:
-            import zstandard
-        except ImportError:
-            raise AuditInputError(
-                f"{what}: zstd payload needs the 'zstandard' package, a dependency of slim-kernel (pip install zstandard)"
-            ) from None
-        try:
-            parts, got = [], 0
-            with zstandard.ZstdDecompressor().stream_reader(io.BytesIO(data)) as reader:
-                while got <= usize:
-                    part = reader.read(usize + 1 - got)
-                    if not part:
-                        break
-                    parts.append(part)
-                    got += len(part)
-            out = b"".join(parts)
-        except zstandard.ZstdError as exc:
-            raise MalformedBinaryError(f"{what}: corrupt zstd payload: {exc}") from None
+        yield from _zstd(SubReader(src, csize), entry.unpacked, limits, what)
+
+
+def _lz4(data: bytes, usize: int, what: str) -> bytes:
+    try:
+        import lz4.block
+    except ImportError:
+        raise _missing(what, "LZ4", "lz4") from None
+    try:
+        out = lz4.block.decompress(data, uncompressed_size=usize)
+    except Exception as exc:  # lz4.block.LZ4BlockError and size errors
+        raise MalformedBinaryError(f"{what}: corrupt LZ4 payload: {exc}") from None
     if len(out) != usize:
         raise MalformedBinaryError(f"{what}: decompressed to {len(out)} bytes, header says {usize}")
     return out
+
+
+def _zstd(raw: SubReader, usize: int, limits: Limits, what: str):
+    """Stream one zstd frame; its output may not outgrow `max_entry_ratio` x the input read."""
+    try:
+        import zstandard
+    except ImportError:
+        raise _missing(what, "zstd", "zstandard") from None
+    got = 0
+    try:
+        reader = zstandard.ZstdDecompressor().stream_reader(raw, read_size=ZSTD_READ, closefd=False)
+        with reader:
+            while got <= usize:
+                part = reader.read(min(WINDOW, usize + 1 - got))
+                if not part:
+                    break
+                got += len(part)
+                if got > max(raw.consumed, 1) * limits.max_entry_ratio:
+                    raise MalformedBinaryError(
+                        f"{what}: zstd payload expands more than {limits.max_entry_ratio:.0f}:1 "
+                        "(decompression bomb?)"
+                    )
+                if got <= usize:
+                    yield part
+    except zstandard.ZstdError as exc:
+        raise MalformedBinaryError(f"{what}: corrupt zstd payload: {exc}") from None
+    if got != usize:
+        raise MalformedBinaryError(f"{what}: decompressed to {got} bytes, header says {usize}")

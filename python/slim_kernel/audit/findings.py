@@ -8,6 +8,8 @@ from . import demangle
 from .rules import Rules
 from .runner import WheelScan
 
+SCHEMA = 1  # version of the JSON written by `audit --json` and `size --json`
+
 LAYERS = (
     "elf-dynsym",
     "elf-symtab",
@@ -82,6 +84,7 @@ def audit_result(scan: WheelScan, rules: Rules) -> dict:
     ops_found = sorted({f["op"] for f in findings})
     return {
         "wheel": scan.path,
+        "exit_code": 1 if findings else 0,
         "clean": not findings,
         "ops_found": ops_found,
         "findings": findings,
@@ -95,7 +98,7 @@ def audit_result(scan: WheelScan, rules: Rules) -> dict:
     }
 
 
-def error_result(path: str, message: str, seconds: float) -> dict:
+def error_result(path: str, message: str, seconds: float, exit_code: int) -> dict:
     return {
         "wheel": path,
         "clean": False,
@@ -103,6 +106,7 @@ def error_result(path: str, message: str, seconds: float) -> dict:
         "findings": [],
         "seconds": round(seconds, 3),
         "error": message,
+        "exit_code": exit_code,
     }
 
 
@@ -110,7 +114,8 @@ def human_report(result: dict, examples: int = 3) -> str:
     lines = []
     name = result["wheel"]
     if "error" in result:
-        return f"{name}: UNREADABLE: {result['error']}"
+        label = "MISSING DEPENDENCY" if result["exit_code"] == 3 else "UNREADABLE"
+        return f"{name}: {label}: {result['error']}"
     verdict = "CLEAN" if result["clean"] else f"RETIRED AOT CODE FOUND: {', '.join(result['ops_found'])}"
     lines.append(f"{name}: {verdict}")
     lines.append(
@@ -135,12 +140,14 @@ def human_report(result: dict, examples: int = 3) -> str:
             lines.append(f"      {where}{_clip(f['evidence'])}{archs}")
     routed = result["routed"]
     if routed:
-        kinds = Counter()
-        for r in routed:
-            kinds[r["kind"]] += r["count"]
-        files = len({r["member"] for r in routed})
+        files = {r["member"]: r["kind"] for r in routed}
+        kinds = Counter(files.values())
         summary = ", ".join(f"{n} in {k}" for k, n in sorted(kinds.items()))
-        lines.append(f"  info (routed, not AOT code): op names mentioned in {files} files: {summary}")
+        mentions = sum(r["count"] for r in routed)
+        lines.append(
+            f"  info (routed, not AOT code): op names mentioned in {len(files)} files "
+            f"({summary}; {mentions} mentions)"
+        )
     return "\n".join(lines)
 
 

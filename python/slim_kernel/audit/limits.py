@@ -1,7 +1,12 @@
-"""Resource limits for reading untrusted wheels, and the errors raised when input is refused."""
+"""Resource limits for reading untrusted wheels, and the errors raised when input is refused.
+
+Every limit is documented in audit/README.md ("Limits"); change both together.
+"""
 
 from __future__ import annotations
 
+import math
+import time
 from dataclasses import dataclass
 
 
@@ -17,8 +22,17 @@ class MalformedBinaryError(AuditInputError):
     """An ELF, fatbin or archive member structure is truncated or self-inconsistent."""
 
 
+class TimeLimitError(AuditInputError):
+    """The wheel took longer than `Limits.max_seconds` to scan."""
+
+
+class MissingDependencyError(Exception):
+    """A package the audit needs is not installed: exit code 3."""
+
+
 MiB = 1 << 20
 GiB = 1 << 30
+NESTED_MEMBER_WEIGHT = 10
 
 
 @dataclass(frozen=True)
@@ -26,19 +40,77 @@ class Limits:
     """Bounds that keep time and memory finite on hostile input.
 
     The defaults admit the largest real AOT kernel wheels (sgl-kernel 0.3.21: 1.7 GB unpacked,
-    one 852 MB member, 28 MB LZ4 cubins) with a wide margin.
+    one 852 MB member, 57 MB of host bytes retained for one library, a 37 MB cubin, 28 MB LZ4
+    payloads, 1,869 fatbin headers, 4,354 sections in one cubin); bytes past a memory cap spill
+    to disk rather than being refused. Documented in audit/README.md.
     """
 
-    max_total_unpacked: int = 16 * GiB  # sum of declared member sizes
+    max_seconds: float = 300.0  # wall time per wheel
+    max_total_unpacked: int = 16 * GiB  # sum of declared member sizes (per archive)
     max_member_unpacked: int = 4 * GiB
-    max_ratio: float = 200.0  # unpacked / compressed, for members above ratio_floor
-    ratio_floor: int = 4 * MiB  # small members may compress arbitrarily well
+    max_ratio: float = 200.0  # unpacked / compressed for zip members and gzip/bz2/xz streams...
+    ratio_floor: int = 4 * MiB  # ...once they are past this many bytes
     max_members: int = 100_000
     max_entry_unpacked: int = 1 * GiB  # one fatbin entry after decompression
     max_entry_ratio: float = 1000.0  # fatbin payload decompression ratio
-    retained_in_memory: int = 256 * MiB  # non-fatbin bytes of one ELF kept in RAM, then spilled
+    retained_in_memory: int = 40 * MiB  # bytes of one ELF (host library or cubin) kept in RAM, then spilled
+    max_lz4_entry: int = 40 * MiB  # LZ4 block payloads decompress in one piece
     max_sections: int = 65_536
-    max_symbols: int = 20_000_000
-    max_hits_per_member: int = 2_000  # evidence strings kept per member and layer
-    max_fatbin_entries: int = 1_000_000  # per member (sgl-kernel 0.3.21 has 1,514 in all)
+    max_section_names: int = 4 * MiB  # distinct section-name bytes of one ELF (real: 780 KB)
+    max_symbols: int = 4_000_000  # per symbol table
+    max_hit_strings: int = 100_000  # strings of one string table holding a retired-op literal (real: 28)
+    max_candidates: int = 50_000  # names per member examined for retired ops (real: 1,254)
+    # distinct evidence kept per member and layer, plus the first of each further op (real: 206)
+    max_hits_per_member: int = 1_000
+    max_repeats: int = 50_000  # the same evidence again (other archs/cubins) per member (real: 1,030)
+    # items per wheel that cost a little Python each, however small they are made: fatbin
+    # containers and entries, ar members, members of nested archives (NESTED_MEMBER_WEIGHT each:
+    # reading one costs about as much), strings and text lines holding a retired-op literal, names
+    # examined. sgl-kernel 0.3.21: 6,262.
+    max_items: int = 250_000
     max_text_lines: int = 10_000  # routed/info lines examined per text member
+
+
+@dataclass
+class Budget:
+    """Work done so far for one wheel (or one worker's share of it): the wall-clock deadline
+    and the items examined (`Limits.max_items`).
+    The time is checked by every reader between reads of at most 1 MiB."""
+
+    deadline: float = math.inf  # time.monotonic() value (system-wide, so valid in workers)
+    seconds: float = math.inf  # the limit, for the message
+    items: int = 0
+
+    @classmethod
+    def starting_now(cls, limits: Limits) -> Budget:
+        return cls(time.monotonic() + limits.max_seconds, limits.max_seconds)
+
+    def check_time(self) -> None:
+        if time.monotonic() > self.deadline:
+            raise TimeLimitError(
+                f"stopped: the scan took longer than the limit of {self.seconds:g} s per wheel (--time-limit)"
+            )
+
+    def left(self) -> float:
+        return max(self.deadline - time.monotonic(), 0.0)
+
+    def count(self, limits: Limits, what: str, weight: int = 1) -> None:
+        self.items += weight
+        if self.items > limits.max_items:
+            raise HostileArchiveError(f"{what}: {too_many_items(limits)}")
+
+
+def too_many_items(limits: Limits) -> str:
+    return (
+        f"more than {limits.max_items:,} items to examine in this wheel (fatbin headers, archive "
+        "members, strings, lines and names that hold retired-op names; hostile?)"
+    )
+
+
+def check_ratio(produced: int, consumed: int, limits: Limits, what: str) -> None:
+    """Refuse a decompressor whose output outgrows `limits.max_ratio` x its input."""
+    if produced > limits.ratio_floor and produced > consumed * limits.max_ratio:
+        raise HostileArchiveError(
+            f"{what}: expands more than {limits.max_ratio:.0f}:1 ({produced:,} bytes from {consumed:,}; "
+            "decompression bomb?)"
+        )

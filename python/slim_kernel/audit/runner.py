@@ -7,15 +7,16 @@ small wheels where starting workers would cost more than it saves.
 
 from __future__ import annotations
 
+import itertools
 import multiprocessing
 import os
 import struct
 import sys
 import time
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
-from .limits import AuditInputError, MalformedBinaryError, MiB
+from .limits import AuditInputError, Budget, HostileArchiveError, MalformedBinaryError, MiB, too_many_items
 from .scan import MemberScan, ScanContext, scan_member
 from .wheel import Member, WheelArchive, open_member
 
@@ -101,7 +102,8 @@ def _init_worker(queue) -> None:
     _QUEUE = queue
 
 
-def _scan_task(path: str, members: list[Member], ctx: ScanContext, report=None) -> list[MemberScan]:
+def _scan_task(path: str, members: list[Member], ctx: ScanContext, report=None):
+    """Scan `members`; returns their scans and the items counted in `ctx.budget`."""
     pending = [0]
 
     def on_progress(n: int) -> None:
@@ -122,7 +124,7 @@ def _scan_task(path: str, members: list[Member], ctx: ScanContext, report=None) 
                     f"{m.name}: malformed content ({type(exc).__name__}: {exc})"
                 ) from None
     _emit(report, pending[0])
-    return out
+    return out, ctx.budget.items
 
 
 def _emit(report, n: int) -> None:
@@ -154,8 +156,11 @@ def plan_tasks(members: list[Member]) -> list[list[Member]]:
 def scan_wheel(
     path: str, ctx: ScanContext, jobs: int | None = None, progress: bool | None = None
 ) -> WheelScan:
-    """Scan all members; raises `AuditInputError` if the wheel cannot be read safely."""
+    """Scan all members within `ctx.limits.max_seconds`; raises `AuditInputError` if the wheel
+    cannot be read safely. In-process, one `Budget` counts the wheel's work; each pool task
+    gets a copy of it (same deadline, its own count) and this process adds up the counts."""
     start = time.perf_counter()
+    ctx = replace(ctx, budget=Budget.starting_now(ctx.limits))
     with WheelArchive(path, ctx.limits) as archive:
         members = archive.members
     result = WheelScan(os.fspath(path), members)
@@ -167,7 +172,7 @@ def scan_wheel(
     try:
         if jobs == 1 or total < POOL_THRESHOLD or len(tasks) == 1:
             for task in tasks:
-                result.scans.extend(_scan_task(result.path, task, ctx, bar.update))
+                result.scans.extend(_scan_task(result.path, task, ctx, bar.update)[0])
         else:
             result.scans.extend(_run_pool(result.path, tasks, ctx, jobs, bar))
     finally:
@@ -179,29 +184,35 @@ def scan_wheel(
 
 
 def _run_pool(path: str, tasks: list[list[Member]], ctx: ScanContext, jobs: int, bar: Progress):
-    """Run tasks on worker processes; progress reports are drained on this thread (no helper
-    thread, so forking workers is safe)."""
+    """Run tasks on worker processes, at most one in flight per worker (so after an error only
+    the running ones finish); progress reports are drained on this thread (no helper thread,
+    so forking workers is safe)."""
     method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
     mp = multiprocessing.get_context(method)
     queue = mp.SimpleQueue()
+    workers = min(jobs, len(tasks))
+    results: dict[int, list[MemberScan]] = {}
 
     def drain() -> None:
         while not queue.empty():
             bar.update(queue.get())
 
     with ProcessPoolExecutor(
-        max_workers=min(jobs, len(tasks)), mp_context=mp, initializer=_init_worker, initargs=(queue,)
+        max_workers=workers, mp_context=mp, initializer=_init_worker, initargs=(queue,)
     ) as pool:
-        futures = [pool.submit(_scan_task, path, task, ctx) for task in tasks]
-        pending = set(futures)
-        try:
-            while pending:
-                done, pending = wait(pending, timeout=0.2, return_when=FIRST_COMPLETED)
-                drain()
-                for fut in done:
-                    fut.result()  # raise the first error now
-        except BaseException:
-            pool.shutdown(wait=False, cancel_futures=True)
-            raise
+        todo = iter(enumerate(tasks))
+        running = {pool.submit(_scan_task, path, task, ctx): i for i, task in itertools.islice(todo, workers)}
+        items = 0
+        while running:
+            done, _ = wait(running, timeout=0.2, return_when=FIRST_COMPLETED)
+            drain()
+            for fut in done:
+                results[running.pop(fut)], n = fut.result()  # raise the first error now
+                items += n  # each task counted its own (from zero): their sum is the wheel's
+                if items > ctx.limits.max_items:
+                    raise HostileArchiveError(too_many_items(ctx.limits))
+                for i, task in itertools.islice(todo, 1):
+                    running[pool.submit(_scan_task, path, task, ctx)] = i
+            ctx.budget.check_time()
         drain()
-    return [scan for fut in futures for scan in fut.result()]
+    return [scan for i in range(len(tasks)) for scan in results[i]]

@@ -16,24 +16,29 @@ from pathlib import PurePosixPath
 
 from . import demangle, fatbin, nested
 from .device import DeviceCode, summarize_cubin, summarize_ptx
-from .elf import ELF_MAGIC, EM_CUDA, ElfFile, StringHits
-from .limits import AuditInputError, Limits, MalformedBinaryError
+from .elf import ELF_MAGIC, EM_CUDA, ElfFile, HitStrings
+from .limits import Budget, Limits, MalformedBinaryError
 from .rules import Rules
-from .stream import CHUNK, Pull, SpanStore, SubReader
+from .stream import CHUNK, Pull, SpanStore, SubReader, context_windows
 
 AR_MAGIC = b"!<arch>\n"
+MAX_AR_NAMES = 16 << 20
 SNIFF = 4096  # bytes looked at to tell a member's kind
-TEXT_OVERLAP = 256
+LINE_CONTEXT = 160  # routed evidence: bytes of the line either side of a hit
+RUN_LIMIT = 512  # .rodata strings: bytes either side of a hit
+DEMANGLE_BATCH = 1024
+EVIDENCE_MAX = 1024  # characters of one finding's evidence kept (sgl-kernel 0.3.21: 443 at most)
 ROUTED_SNIPPETS = 3
 _PYTHON = {".py", ".pyi", ".pyx", ".pxd"}
 _SOURCES = {".cu", ".cuh", ".h", ".hh", ".hpp", ".cc", ".cpp", ".cxx", ".c", ".inl", ".inc"}
-_PRINTABLE_RUN = re.compile(rb"[\x20-\x7e]{3,}")
+_PRINTABLE = re.compile(rb"[\x20-\x7e]*")
 
 
 @dataclass(frozen=True)
 class ScanContext:
     rules: Rules
     limits: Limits
+    budget: Budget = field(default_factory=Budget, compare=False)  # mutable: this scan's work so far
 
 
 @dataclass
@@ -100,36 +105,58 @@ def classify(name: str, head: bytes) -> str:
 
 
 class _Collector:
-    """Gathers raw candidates for one member, demangles them in one batch, attributes ops."""
+    """Gathers one member's candidate names, demangles them in batches, attributes ops, and
+    keeps bounded evidence: every candidate is examined (at most `max_candidates`), at most
+    `max_hits_per_member` distinct findings are kept per layer, plus the first of each further
+    op, and `max_repeats` repeats of kept ones."""
 
     def __init__(self, scan: MemberScan, ctx: ScanContext):
         self.scan, self.ctx = scan, ctx
         self._raw: list[tuple[str, str, int, str, tuple[str, ...], str]] = []
-        self._per_layer: Counter = Counter()
+        self._examined = 0
+        self._kept: Counter = Counter()
+        self._extra: Counter = Counter()
+        self._ops: set[tuple[str, str]] = set()
+        self._evidence: dict[tuple[str, str, str], str] = {}
+        self._repeats = 0
 
     def add(
         self, layer: str, name: str, size: int = 0, arch: str = "", ops: tuple[str, ...] = (), what: str = ""
     ):
-        if self._per_layer[layer] >= self.ctx.limits.max_hits_per_member:
-            self.scan.stats["evidence_dropped"] += 1
-            return
-        self._per_layer[layer] += 1
+        self._examined += 1
+        self.ctx.budget.count(self.ctx.limits, self.scan.member)
+        if self._examined > self.ctx.limits.max_candidates:
+            raise MalformedBinaryError(
+                f"{self.scan.member}: more than {self.ctx.limits.max_candidates:,} names to examine (hostile?)"
+            )
         self._raw.append((layer, name, size, arch, ops, what))
+        if len(self._raw) >= DEMANGLE_BATCH:
+            self._flush()
 
     def hit(self, hit: Hit) -> None:
-        """Record a finding whose op is already known (capped per layer like `add`)."""
-        if self._per_layer[hit.layer] >= self.ctx.limits.max_hits_per_member:
+        """Keep a finding unless its layer already holds enough distinct evidence; the same
+        evidence again (another arch, another cubin: its bytes count for `size`) shares the
+        kept string, up to `max_repeats` per member."""
+        if len(hit.evidence) > EVIDENCE_MAX:
+            hit.evidence = hit.evidence[: EVIDENCE_MAX - 3] + "..."
+        lim, key = self.ctx.limits, (hit.layer, hit.op, hit.evidence)
+        kept = self._evidence.get(key)
+        if kept is not None:
+            if self._repeats >= lim.max_repeats:
+                self.scan.stats["evidence_dropped"] += 1
+                return
+            self._repeats += 1
+            hit.evidence = kept
+        elif self._kept[hit.layer] < lim.max_hits_per_member:
+            self._kept[hit.layer] += 1
+        elif (hit.layer, hit.op) not in self._ops and self._extra[hit.layer] < lim.max_hits_per_member:
+            self._extra[hit.layer] += 1  # the first finding of each further op is always kept
+        else:
             self.scan.stats["evidence_dropped"] += 1
             return
-        self._per_layer[hit.layer] += 1
+        self._evidence.setdefault(key, hit.evidence)
+        self._ops.add((hit.layer, hit.op))
         self.scan.hits.append(hit)
-
-    def count_entry(self) -> None:
-        self.scan.stats["fatbin_entries"] += 1
-        if self.scan.stats["fatbin_entries"] > self.ctx.limits.max_fatbin_entries:
-            raise AuditInputError(
-                f"{self.scan.member}: more than {self.ctx.limits.max_fatbin_entries} fatbin entries (hostile?)"
-            )
 
     def add_device(self, code: DeviceCode, layers: tuple[str, str], stored: int, unpacked: int, comp: str):
         """Record a cubin/PTX payload; `layers` = (layer for TU evidence, layer for names)."""
@@ -145,11 +172,10 @@ class _Collector:
             # kernels of a retired TU are attributed to it; their bytes are inside the blob already
             self.add(names_layer, name, size, code.arch, code.tu_ops, what)
 
-    def add_entry(self, code: DeviceCode, layers: tuple[str, str], entry: fatbin.Entry) -> None:
-        self.add_device(code, layers, entry.header_size + entry.stored, entry.unpacked, entry.compression)
-
-    def finish(self) -> None:
-        names = demangle.demangle_all(r[1] for r in self._raw)
+    def _flush(self) -> None:
+        budget = self.ctx.budget
+        names = demangle.demangle_all((r[1] for r in self._raw), timeout=budget.left())
+        budget.check_time()
         for layer, raw, size, arch, ops, what in self._raw:
             text = names.get(raw, raw)
             counted = not ops
@@ -157,20 +183,21 @@ class _Collector:
                 evidence = f"{what} {text}" if what else text
                 if text != raw:
                     evidence += f" [{raw}]"
-                self.scan.hits.append(Hit(op, layer, evidence, size, arch, counted))
+                self.hit(Hit(op, layer, evidence, size, arch, counted))
+        self._raw.clear()
+
+    def finish(self) -> None:
+        self._flush()
 
 
 # -- host ELF (shared library or object) ----------------------------------------------------
 def _scan_host_elf(src: Pull, col: _Collector, ctx: ScanContext, label: str) -> None:
     stats = col.scan.stats
 
-    def on_entry(entry: fatbin.Entry, payload: bytes) -> None:
-        code = _entry_code(entry, payload, col, ctx, label)
-        if code is not None:
-            layers = ("fatbin-tu", "ptx-entry" if code.kind == "ptx" else "fatbin-kernel")
-            col.add_entry(code, layers, entry)
+    def on_entry(entry: fatbin.Entry, payload) -> None:
+        _entry_code(entry, payload, col, label, _embedded_layers)
 
-    with SpanStore(src.size, ctx.limits.retained_in_memory, label) as store:
+    with SpanStore(src.size, ctx.limits.retained_in_memory, label, ctx.budget) as store:
         _stream_containers(src, col, ctx, on_entry, store.add)
         stats["elf_files"] += 1
         _scan_elf_tables(ElfFile(store, ctx.limits, label), store, col, ctx)
@@ -194,18 +221,43 @@ def _stream_containers(src: Pull, col: _Collector, ctx: ScanContext, on_entry, k
         stats["fatbin_bytes"] += fatbin.read_container(src, ctx.limits, on_entry)
 
 
-def _entry_code(entry: fatbin.Entry, payload: bytes, col: _Collector, ctx: ScanContext, label: str):
-    col.count_entry()
+def _entry_code(entry: fatbin.Entry, payload, col: _Collector, label: str, layers) -> None:
+    col.scan.stats["fatbin_entries"] += 1
     col.scan.stats[f"fatbin_{entry.compression}"] += 1
-    return _device_code(entry, payload, ctx, f"{label}: fatbin entry at {entry.offset}")
+    what = f"{label}: fatbin entry at {entry.offset}"
+    stored = entry.header_size + entry.stored
+    _device_code(
+        col, entry.kind, payload, entry.unpacked, what, layers, stored, entry.compression, entry.arch
+    )
 
 
-def _device_code(entry: fatbin.Entry, payload: bytes, ctx: ScanContext, what: str) -> DeviceCode | None:
-    if entry.kind == "cubin":
-        return summarize_cubin(payload, ctx.rules, ctx.limits, what, entry.arch)
-    if entry.kind == "ptx":
-        return summarize_ptx(payload, ctx.rules, entry.arch)
-    return None
+def _device_code(col, kind, windows, size, what, layers, stored, compression="none", arch="") -> None:
+    """Summarize a cubin or PTX payload (consecutive windows of bytes) into `col`; `layers` =
+    (for its translation units, for its names), or a function of the code kind giving them."""
+    if kind not in ("cubin", "ptx"):
+        return  # other entry kinds: left undecompressed
+    ctx = col.ctx
+    with SpanStore(size, ctx.limits.retained_in_memory, what, ctx.budget) as store:
+        at = 0
+        for data in windows:
+            store.add(at, data)
+            at += len(data)
+        if kind == "cubin":
+            code = summarize_cubin(store, ctx.rules, ctx.limits, what, arch, ctx.budget)
+        else:
+            code = summarize_ptx(store, ctx.rules, ctx.limits, what, arch)
+        col.add_device(code, layers(code.kind) if callable(layers) else layers, stored, size, compression)
+
+
+def _merged(spans):
+    """Union of (offset, length) spans as sorted (offset, length): each byte read once."""
+    out: list[list[int]] = []
+    for off, n in sorted(spans):
+        if out and off <= out[-1][0] + out[-1][1]:
+            out[-1][1] = max(out[-1][1], off + n - out[-1][0])
+        else:
+            out.append([off, n])
+    return out
 
 
 def _scan_elf_tables(elf: ElfFile, store: SpanStore, col: _Collector, ctx: ScanContext) -> None:
@@ -214,23 +266,30 @@ def _scan_elf_tables(elf: ElfFile, store: SpanStore, col: _Collector, ctx: ScanC
         sec = elf.section(sec_name)
         if sec is None:
             continue
-        strtab = elf.linked_strtab(sec)
         stats[f"{layer}_symbols"] += sec.size // (24 if elf.is64 else 16)
-        hits = StringHits(strtab, ctx.rules.positions(strtab))
+        hits = HitStrings(elf, elf.linked(sec), ctx.rules, ctx.limits, ctx.budget)
         if not hits:
             continue
         for sym in elf.iter_symbols(sec, hits):
             if sym.defined and sym.type != 3:  # STT_SECTION names are not symbols of code
                 col.add(layer, sym.name.decode("latin-1"), sym.size, what="file" if sym.type == 4 else "")
-    rodata = [s for s in elf.sections if s.name.startswith(".rodata") and s.file_size]
     if not elf.sections:  # no section headers: read every retained byte as if it were .rodata
         spans = [(0, elf.size)]
     else:
-        spans = [(s.offset, s.file_size) for s in rodata]
+        spans = _merged(
+            (s.offset, s.file_size) for s in elf.sections if s.name.startswith(".rodata") and s.file_size
+        )
+    covered, seen = -1, set()
     for off, n in spans:
-        for _, data in store.pieces(off, n):
-            stats["rodata_bytes"] += len(data)
-            for text in _strings_with_hits(data, ctx.rules):
+        for base, data, lo, hi in context_windows(store.pieces(off, n), RUN_LIMIT):
+            stats["rodata_bytes"] += hi - lo
+            for end, text in _strings_with_hits(data, lo, hi, max(covered - base, lo), ctx.rules):
+                ctx.budget.count(ctx.limits, col.scan.member)
+                covered = base + end
+                if text in seen:
+                    continue
+                if len(seen) < 4 * ctx.limits.max_hits_per_member:
+                    seen.add(text)
                 op = ctx.rules.schema_op(text)
                 if op:
                     col.hit(Hit(op, "rodata-schema", text))
@@ -239,20 +298,18 @@ def _scan_elf_tables(elf: ElfFile, store: SpanStore, col: _Collector, ctx: ScanC
                     col.hit(Hit(op, "rodata-string", text))
 
 
-def _strings_with_hits(data: bytes, rules: Rules, limit: int = 512) -> list[str]:
-    """Printable runs around each prefilter hit (like `strings`, but only where it matters)."""
-    out: dict[str, None] = {}
-    covered = -1
-    for pos in rules.positions(data):
-        if pos < covered:
-            continue
-        lo, hi = max(0, pos - limit), min(len(data), pos + limit)
-        for run in _PRINTABLE_RUN.finditer(data, lo, hi):
-            if run.start() <= pos < run.end():
-                covered = run.end()
-                out[run.group().decode("ascii")] = None
-                break
-    return list(out)
+def _strings_with_hits(data: bytes, lo: int, hi: int, start: int, rules: Rules):
+    """(end, text) of the printable runs (like `strings`, cut at RUN_LIMIT bytes either side)
+    around each prefilter hit in data[start:hi]; each run once, each byte read a bounded
+    number of times."""
+    find = rules.finder(data, lo, hi)
+    pos = find.find(start)
+    while pos >= 0:
+        back = data[max(0, pos - RUN_LIMIT) : pos][::-1]
+        first = pos - _PRINTABLE.match(back).end()
+        end = _PRINTABLE.match(data, pos, min(len(data), pos + RUN_LIMIT)).end()
+        yield end, data[first:end].decode("ascii")
+        pos = find.find(end)
 
 
 # -- ar archives (static libraries) ---------------------------------------------------------
@@ -260,6 +317,7 @@ def _scan_ar(src: Pull, col: _Collector, ctx: ScanContext, label: str) -> None:
     src.take(len(AR_MAGIC))
     long_names = b""
     while src.remaining >= 60:
+        src.budget.count(ctx.limits, label)
         head = src.take(60)
         if head[58:60] != b"`\n":
             raise MalformedBinaryError(f"{label}: bad ar member header at {src.pos - 60}")
@@ -271,6 +329,8 @@ def _scan_ar(src: Pull, col: _Collector, ctx: ScanContext, label: str) -> None:
         if size > src.remaining:
             raise MalformedBinaryError(f"{label}: ar member of {size} bytes, only {src.remaining} left")
         if name == b"//":
+            if size > MAX_AR_NAMES:
+                raise MalformedBinaryError(f"{label}: ar name table of {size} bytes is over the limit")
             long_names = src.take(size)
         elif name in (b"/", b"/SYM64/") or size < 4:
             src.skip(size)
@@ -278,7 +338,8 @@ def _scan_ar(src: Pull, col: _Collector, ctx: ScanContext, label: str) -> None:
             if name.startswith(b"/") and name[1:].isdigit():
                 off = int(name[1:])
                 name = long_names[off : long_names.find(b"\n", off)] if off < len(long_names) else name
-            sub = Pull(SubReader(src, size), size, f"{label}({name.rstrip(b'/').decode('latin-1')})")
+            what = f"{label}({name.rstrip(b'/').decode('latin-1')[:256]})"
+            sub = Pull(SubReader(src, size), size, what, budget=ctx.budget)
             sub.fill(4)
             if bytes(sub.buf[:4]) == ELF_MAGIC:
                 _scan_host_elf(sub, col, ctx, sub.what)
@@ -293,32 +354,29 @@ def _scan_text(src: Pull, scan: MemberScan, ctx: ScanContext) -> None:
     kind = routed_kind(scan.member)
     counts: Counter = Counter()
     snippets: dict[str, list[str]] = {}
-    carry, base, done, lines = b"", 0, 0, 0
+    covered, lines = 0, 0
     limit = ctx.limits.max_text_lines
-    while src.remaining:
-        chunk = src.take(min(CHUNK, src.remaining))
+    for base, data, lo, hi in context_windows(src.pieces(), LINE_CONTEXT):
         if lines >= limit:  # enough evidence: drain the rest for the CRC check only
             continue
-        window = carry + chunk
-        line_end = -1
-        for pos in ctx.rules.positions(window):
-            if base + pos < done or pos < line_end:
-                continue
+        find = ctx.rules.finder(data, lo, hi)
+        pos = find.find(max(covered - base, lo))
+        while pos >= 0:
+            ctx.budget.count(ctx.limits, scan.member)
             lines += 1
             if lines > limit:
                 scan.stats["routed_truncated"] += 1
                 break
-            lo = max(window.rfind(b"\n", 0, pos) + 1, pos - 160)
-            hi = window.find(b"\n", pos)
-            hi = line_end = min(hi if hi >= 0 else len(window), pos + 160)
-            line = window[lo:hi].decode("utf-8", "replace").strip()
+            start = max(data.rfind(b"\n", 0, pos) + 1, pos - LINE_CONTEXT)
+            end = data.find(b"\n", pos)
+            end = min(end if end >= 0 else len(data), pos + LINE_CONTEXT)
+            line = data[start:end].decode("utf-8", "replace").strip()
             for op in ctx.rules.match(line):
                 counts[op] += 1
                 if len(snippets.setdefault(op, [])) < ROUTED_SNIPPETS and line not in snippets[op]:
                     snippets[op].append(line)
-        carry = window[-TEXT_OVERLAP:] if src.remaining else b""
-        base += len(window) - len(carry)
-        done = base
+            covered = base + end
+            pos = find.find(end)
     scan.stats["text_files"] += 1
     scan.stats["text_bytes"] += src.size
     for op, n in counts.items():
@@ -331,7 +389,7 @@ def _scan_text(src: Pull, scan: MemberScan, ctx: ScanContext) -> None:
 def scan_member(
     stream, name: str, unpacked: int, compressed: int, ctx: ScanContext, on_progress=None, depth: int = 0
 ) -> MemberScan:
-    src = Pull(stream, unpacked, name, on_progress)
+    src = Pull(stream, unpacked, name, on_progress, ctx.budget)
     src.fill(SNIFF)
     kind = classify(name, bytes(src.buf[:SNIFF]))
     scan = MemberScan(name, kind, unpacked, compressed)
@@ -341,20 +399,15 @@ def scan_member(
     elif kind == "ar":
         _scan_ar(src, col, ctx, name)
     elif kind in ("zip", "tar"):  # an archive inside the wheel: scan what it holds
-        nested.scan_archive(kind, src, scan, ctx, depth, scan_member)
+        nested.scan_archive(kind, src, col, ctx, depth, scan_member)
     elif kind in ("fatbin", "binary"):  # a shipped fatbin, or fatbins hidden in any binary file
-        _stream_containers(src, col, ctx, lambda e, p: _shipped_entry(e, p, col, ctx, name), _discard)
+        _stream_containers(src, col, ctx, lambda e, p: _shipped_entry(e, p, col, name), _discard)
         scan.stats[f"shipped_{kind}"] += 1
     elif kind in ("cubin", "ptx"):
         if unpacked > ctx.limits.max_entry_unpacked:
             raise MalformedBinaryError(f"{name}: {unpacked}-byte device file is over the limit")
-        data = src.take(unpacked)
-        code = (
-            summarize_cubin(data, ctx.rules, ctx.limits, name)
-            if kind == "cubin"
-            else summarize_ptx(data, ctx.rules)
-        )
-        col.add_device(code, (f"shipped-{kind}",) * 2, unpacked, unpacked, "none")
+        windows = (data for _, data in src.pieces())
+        _device_code(col, kind, windows, unpacked, name, (f"shipped-{kind}",) * 2, unpacked)
         scan.stats[f"shipped_{kind}"] += 1
     else:
         _scan_text(src, scan, ctx)
@@ -366,7 +419,9 @@ def _discard(offset: int, data: bytes) -> None:
     pass
 
 
-def _shipped_entry(entry: fatbin.Entry, payload: bytes, col: _Collector, ctx: ScanContext, name: str) -> None:
-    code = _entry_code(entry, payload, col, ctx, name)
-    if code is not None:
-        col.add_entry(code, ("shipped-fatbin", "shipped-fatbin"), entry)
+def _shipped_entry(entry: fatbin.Entry, payload, col: _Collector, name: str) -> None:
+    _entry_code(entry, payload, col, name, ("shipped-fatbin", "shipped-fatbin"))
+
+
+def _embedded_layers(kind: str) -> tuple[str, str]:
+    return "fatbin-tu", "ptx-entry" if kind == "ptx" else "fatbin-kernel"

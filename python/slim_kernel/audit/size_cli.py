@@ -1,7 +1,8 @@
 """`slim-kernel size WHEEL [--baseline WHEEL] [--json] [--markdown F] [--png F] [--budget SIZE]`.
 
 Exit 0: report written (and within budget); 1: the wheel file is over `--budget`;
-2: a wheel could not be read, or a bad argument. Never imports torch (matplotlib only for --png).
+2: a wheel could not be read, or a bad argument; 3: a package is missing (matplotlib for
+--png: checked before the scan). Never imports torch (matplotlib only for --png).
 """
 
 from __future__ import annotations
@@ -11,8 +12,9 @@ import shlex
 import sys
 from pathlib import Path
 
-from .cli import EXIT_FOUND, EXIT_UNREADABLE, add_common_arguments, context_from_args
-from .limits import AuditInputError
+from .cli import EXIT_FOUND, EXIT_MISSING, EXIT_UNREADABLE, add_common_arguments, context_from_args
+from .findings import SCHEMA
+from .limits import AuditInputError, MissingDependencyError
 from .runner import scan_wheel
 from .size import compare, parse_size, size_summary
 from .size_report import human, markdown, png
@@ -40,7 +42,7 @@ def build_report(args) -> dict:
     ctx = context_from_args(args)
     budget = parse_size(args.budget) if args.budget is not None else None
     subject = size_summary(scan_wheel(args.wheel, ctx, jobs=args.jobs, progress=args.progress))
-    report = {"subject": subject, "retired": ctx.rules.to_json(), "command": _command(args)}
+    report = {"schema": SCHEMA, "subject": subject, "retired": ctx.rules.to_json(), "command": _command(args)}
     if args.baseline:
         base = size_summary(scan_wheel(args.baseline, ctx, jobs=args.jobs, progress=args.progress))
         report["baseline"] = base
@@ -69,7 +71,22 @@ def _command(args) -> str:
     return " ".join(shlex.quote(p) for p in parts)
 
 
+def _has_matplotlib() -> bool:
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
 def run(args) -> int:
+    if args.png and not _has_matplotlib():
+        print(
+            "slim-kernel size: --png needs matplotlib, which is not installed: "
+            "pip install 'slim-kernel[audit]' (or pip install matplotlib)",
+            file=sys.stderr,
+        )
+        return EXIT_MISSING
     try:
         report = build_report(args)
     except ValueError as exc:
@@ -78,6 +95,9 @@ def run(args) -> int:
     except AuditInputError as exc:
         print(f"slim-kernel size: cannot read wheel: {exc}", file=sys.stderr)
         return EXIT_UNREADABLE
+    except MissingDependencyError as exc:
+        print(f"slim-kernel size: {exc}", file=sys.stderr)
+        return EXIT_MISSING
     if args.json_file:
         Path(args.json_file).write_text(json.dumps(report, indent=2) + "\n")
     if args.markdown:

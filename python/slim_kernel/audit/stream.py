@@ -1,10 +1,13 @@
-"""Forward-only byte sources and the sparse store of retained bytes.
+"""Forward-only byte sources, the sparse store of retained bytes, and windowed scanning.
 
-`Pull` wraps a member stream (or bytes) with an exact `take(n)`, a look-ahead buffer and an
-absolute position, so binary parsers can consume a 1 GB member in one pass with bounded memory.
+`Pull` wraps a member stream with an exact `take(n)`, a look-ahead buffer and an absolute
+position, so binary parsers can consume a 1 GB member in one pass with bounded memory.
 `SpanStore` keeps the bytes a parser chose to retain (everything in a host library except its
-fatbin containers) so the ELF tables can be read after the pass; above a memory cap it spills
-to an unlinked file in a private temporary directory.
+fatbin containers, or one decompressed cubin) so the ELF tables can be read after the pass;
+above a memory cap it spills to an unlinked file in a private temporary directory.
+`context_windows` cuts contiguous bytes into bounded windows that overlap by a fixed margin,
+so a scanner can look around a hit without ever holding the whole input.
+Every read checks the wheel's `Budget` (its wall-clock deadline).
 """
 
 from __future__ import annotations
@@ -15,14 +18,15 @@ import shutil
 import tempfile
 from bisect import bisect_right
 
-from .limits import MalformedBinaryError
+from .limits import Budget, MalformedBinaryError
 from .wheel import read_member
 
-CHUNK = 8 << 20
+CHUNK = 8 << 20  # bytes pulled from a member stream at a time
+WINDOW = 1 << 20  # bytes handed to a scanner at a time
 
 
 class Pull:
-    def __init__(self, f, size: int, what: str, on_progress=None):
+    def __init__(self, f, size: int, what: str, on_progress=None, budget: Budget | None = None):
         self._f = f
         self.size = size
         self.what = what
@@ -30,10 +34,7 @@ class Pull:
         self.buf = bytearray()
         self._read = 0  # bytes pulled from f
         self._progress = on_progress
-
-    @classmethod
-    def of_bytes(cls, data: bytes, what: str) -> Pull:
-        return cls(io.BytesIO(data), len(data), what)
+        self.budget = budget or Budget()
 
     @property
     def remaining(self) -> int:
@@ -42,6 +43,7 @@ class Pull:
     def fill(self, n: int) -> int:
         """Buffer at least `n` bytes unless the source ends first; returns the buffered length."""
         while len(self.buf) < n and self._read < self.size:
+            self.budget.check_time()
             want = min(max(n - len(self.buf), CHUNK), self.size - self._read)
             data = read_member(self._f, want, self.what)
             if not data:
@@ -59,7 +61,8 @@ class Pull:
             )
         if len(self.buf) < n:
             self.fill(n)
-        out = bytes(self.buf[:n])
+        with memoryview(self.buf) as view:  # one copy (a bytearray slice would be a second)
+            out = bytes(view[:n])
         del self.buf[:n]
         self.pos += n
         return out
@@ -71,13 +74,21 @@ class Pull:
             self.take(step)
             n -= step
 
+    def pieces(self, n: int | None = None):
+        """(offset, bytes) of the next `n` bytes (default: all that remain), WINDOW at a time."""
+        end = self.size if n is None else self.pos + n
+        while self.pos < end:
+            at = self.pos
+            yield at, self.take(min(WINDOW, end - at))
+
 
 class SubReader(io.RawIOBase):
-    """File-like view of the next `size` bytes of a `Pull` (for ar members)."""
+    """File-like view of the next `size` bytes of a `Pull` (ar and zip members, fatbin payloads)."""
 
     def __init__(self, parent: Pull, size: int):
         self._parent = parent
         self._left = size
+        self.consumed = 0
 
     def readable(self) -> bool:
         return True
@@ -86,16 +97,27 @@ class SubReader(io.RawIOBase):
         n = self._left if n is None or n < 0 else min(n, self._left)
         data = self._parent.take(n) if n else b""
         self._left -= len(data)
+        self.consumed += len(data)
         return data
+
+    def readinto(self, b) -> int:
+        data = self.read(len(b))
+        b[: len(data)] = data
+        return len(data)
+
+    def drain(self) -> None:
+        self._parent.skip(self._left)
+        self._left = 0
 
 
 class SpanStore:
     """Sparse copy of a member: retained spans by absolute offset, slice-readable like bytes."""
 
-    def __init__(self, size: int, memory_cap: int, what: str):
+    def __init__(self, size: int, memory_cap: int, what: str, budget: Budget | None = None):
         self._size = size
         self._cap = memory_cap
         self._what = what
+        self._budget = budget or Budget()
         self._starts: list[int] = []
         self._spans: list[tuple[int, int, bytes | None, int]] = []  # start, length, data, spill offset
         self._in_memory = 0
@@ -128,14 +150,17 @@ class SpanStore:
         return self._spill.read(hi - lo)
 
     def pieces(self, off: int, n: int):
-        """(absolute offset, bytes) of the retained parts of [off, off+n)."""
+        """(absolute offset, bytes) of the retained parts of [off, off+n), at most WINDOW each."""
         end = off + n
         i = max(bisect_right(self._starts, off) - 1, 0)
         while i < len(self._spans) and self._spans[i][0] < end:
             start, length = self._spans[i][:2]
             lo, hi = max(off, start), min(end, start + length)
-            if lo < hi:
-                yield lo, self._piece(i, lo, hi)
+            while lo < hi:
+                self._budget.check_time()
+                step = min(hi, lo + WINDOW)
+                yield lo, self._piece(i, lo, step)
+                lo = step
             i += 1
 
     def __getitem__(self, key: slice) -> bytes:
@@ -163,3 +188,40 @@ class SpanStore:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def context_windows(pieces, overlap: int):
+    """Group (offset, bytes) pieces into windows for scanners that look around a position.
+
+    Yields (base, data, lo, hi): `data` holds contiguous bytes starting at absolute offset
+    `base`; the scanner handles what starts in data[lo:hi] and may look up to `overlap` bytes
+    before lo and after hi (less where contiguous data begins or ends). Every offset of the
+    pieces lies in exactly one [lo, hi). Windows hold at most one piece plus 2 x `overlap`.
+    """
+    buf, base, lo = b"", 0, 0
+    for off, data in pieces:
+        if buf and off != base + len(buf):  # a gap: finish the contiguous run first
+            if lo < len(buf):
+                yield base, buf, lo, len(buf)
+            buf = b""
+        if not buf:
+            buf, base, lo = data, off, 0
+        else:
+            buf += data
+        hi = len(buf) - overlap
+        if hi > lo:
+            yield base, buf, lo, hi
+            cut = max(hi - overlap, 0)
+            buf, base, lo = buf[cut:], base + cut, hi - cut
+    if lo < len(buf):
+        yield base, buf, lo, len(buf)
+
+
+def window_matches(pattern, windows):
+    """`pattern` matches starting in each window's [lo, hi) (for patterns shorter than the
+    windows' overlap; `match.string` is the window's data)."""
+    for _, data, lo, hi in windows:
+        for m in pattern.finditer(data, lo):
+            if m.start() >= hi:
+                break
+            yield m

@@ -4,8 +4,9 @@
 too many members, zip bombs (absolute and ratio limits on declared sizes; zipfile itself stops
 at the declared size and fails the CRC if the data expands further), overlapping members,
 path traversal / absolute names, symlink members and duplicate names are refused with
-`AuditInputError` naming the member. Members are read as forward-only streams
-(`zipfile.ZipExtFile`), never extracted.
+`AuditInputError` naming the member; so is a WHEEL that is not a regular file (a FIFO or a
+device is refused without blocking). Members are read as forward-only streams
+(`MemberStream`), never extracted.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ class Member:
     method: int = zipfile.ZIP_DEFLATED
 
 
-def _check_name(name: str) -> None:
+def check_name(name: str) -> None:
     if "\x00" in name:
         raise HostileArchiveError(f"member name contains a NUL byte: {name!r}")
     norm = name.replace("\\", "/")
@@ -52,15 +53,13 @@ def _is_symlink(info: zipfile.ZipInfo) -> bool:
 class WheelArchive:
     """A validated wheel; open with `WheelArchive(path, limits)` (a context manager)."""
 
-    def __init__(self, path: str | os.PathLike, limits: Limits | None = None):
+    def __init__(self, path: str | os.PathLike, limits: Limits | None = None, data: bytes | None = None):
+        """`data`: the archive's bytes (an archive inside a wheel), `path` then only names it."""
         self.path = os.fspath(path)
         self.limits = limits or Limits()
-        if not os.path.exists(self.path):
-            raise AuditInputError(f"wheel not found: {self.path}")
-        if os.path.isdir(self.path):
-            raise AuditInputError(f"wheel path is a directory, expected a .whl file: {self.path}")
+        f = open_regular(self.path) if data is None else io.BytesIO(data)
         try:
-            self._zip = zipfile.ZipFile(self.path)
+            self._zip = zipfile.ZipFile(f)
         except (
             zipfile.BadZipFile,
             ValueError,
@@ -69,13 +68,16 @@ class WheelArchive:
             OverflowError,
             NotImplementedError,
         ) as exc:
+            f.close()
             raise AuditInputError(f"not a zip archive (a wheel is a zip file): {self.path}: {exc}") from None
         except OSError as exc:
+            f.close()
             raise AuditInputError(f"cannot read wheel {self.path}: {exc}") from None
+        self._file = f
         try:
             self.members = self._validate(self._zip.infolist())
         except BaseException:
-            self._zip.close()
+            self.close()
             raise
 
     def _validate(self, infos: list[zipfile.ZipInfo]) -> list[Member]:
@@ -87,7 +89,7 @@ class WheelArchive:
         total = 0
         for info in infos:
             name = info.filename
-            _check_name(name)
+            check_name(name)
             if name in seen:
                 raise HostileArchiveError(f"duplicate member name refused: {name!r}")
             seen.add(name)
@@ -97,22 +99,7 @@ class WheelArchive:
                 continue
             if info.flag_bits & 0x1:
                 raise AuditInputError(f"encrypted member cannot be read: {name!r}")
-            if info.file_size > lim.max_member_unpacked:
-                raise HostileArchiveError(
-                    f"member {name!r} declares {info.file_size} bytes unpacked, over the limit of "
-                    f"{lim.max_member_unpacked} (zip bomb?)"
-                )
-            if info.file_size > lim.ratio_floor:
-                ratio = info.file_size / max(info.compress_size, 1)
-                if ratio > lim.max_ratio:
-                    raise HostileArchiveError(
-                        f"member {name!r} compression ratio {ratio:.0f}:1 exceeds {lim.max_ratio:.0f}:1 (zip bomb?)"
-                    )
-            total += info.file_size
-            if total > lim.max_total_unpacked:
-                raise HostileArchiveError(
-                    f"archive unpacks to more than {lim.max_total_unpacked} bytes (zip bomb?)"
-                )
+            total = check_sizes(name, info.compress_size, info.file_size, total, lim)
             members.append(
                 Member(
                     name, info.compress_size, info.file_size, info.header_offset, info.CRC, info.compress_type
@@ -134,21 +121,61 @@ class WheelArchive:
                     f"members {info.filename!r} and {nxt.filename!r} overlap (zip bomb?)"
                 )
 
-    def open(self, name: str):
-        """Forward-only stream of a member's bytes (see `open_member`)."""
-        for m in self.members:
-            if m.name == name:
-                return open_member(self.path, m)
-        raise AuditInputError(f"no member {name!r} in {self.path}")
-
     def close(self) -> None:
         self._zip.close()
+        self._file.close()
 
     def __enter__(self) -> WheelArchive:
         return self
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def check_sizes(name: str, compressed: int, unpacked: int, total: int, lim: Limits) -> int:
+    """Refuse a member whose declared sizes break the limits; returns the new running total."""
+    if unpacked > lim.max_member_unpacked:
+        raise HostileArchiveError(
+            f"member {name!r} declares {unpacked} bytes unpacked, over the limit of "
+            f"{lim.max_member_unpacked} (zip bomb?)"
+        )
+    if unpacked > lim.ratio_floor:
+        ratio = unpacked / max(compressed, 1)
+        if ratio > lim.max_ratio:
+            raise HostileArchiveError(
+                f"member {name!r} compression ratio {ratio:.0f}:1 exceeds {lim.max_ratio:.0f}:1 (zip bomb?)"
+            )
+    total += unpacked
+    if total > lim.max_total_unpacked:
+        raise HostileArchiveError(f"archive unpacks to more than {lim.max_total_unpacked} bytes (zip bomb?)")
+    return total
+
+
+_FILE_KINDS = (
+    (stat.S_ISFIFO, "a FIFO"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISSOCK, "a socket"),
+)
+
+
+def open_regular(path: str):
+    """`open(path, "rb")`, refusing anything but a regular file. The open is non-blocking, so a
+    FIFO without a writer cannot hang it; the type is checked on the opened descriptor."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    except FileNotFoundError:
+        raise AuditInputError(f"wheel not found: {path}") from None
+    except OSError as exc:
+        raise AuditInputError(f"cannot read wheel {path}: {exc.strerror}") from None
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        if stat.S_ISDIR(mode):
+            raise AuditInputError(f"wheel path is a directory, expected a .whl file: {path}")
+        kind = next((name for test, name in _FILE_KINDS if test(mode)), "not a regular file")
+        raise AuditInputError(f"wheel path is {kind}, expected a regular .whl file: {path}")
+    return os.fdopen(fd, "rb")  # O_NONBLOCK has no effect on regular files
 
 
 def read_member(f, n: int, name: str) -> bytes:
@@ -159,23 +186,37 @@ def read_member(f, n: int, name: str) -> bytes:
         raise AuditInputError(f"member {name!r} is corrupt: {exc}") from None
 
 
-def open_member(path: str, member: Member):
-    """Forward-only stream of a validated member, read straight from the archive by offset
-    (workers never re-parse the central directory). Stored and deflated members (all wheels
-    in practice) use `_MemberReader`; other methods fall back to zipfile."""
+def open_member(path: str | io.BytesIO, member: Member):
+    """Forward-only stream of a validated member of the archive at `path` (or in the buffer),
+    read straight from it by offset (workers never re-parse the central directory). Stored and
+    deflated members (all wheels in practice) use `MemberStream`; other methods fall back to
+    zipfile."""
+    f = open_regular(path) if isinstance(path, str) else path
     try:
-        if member.method in (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED):
-            lib = None if member.method == zipfile.ZIP_STORED else (_fast_inflater() or zlib)
-            return _MemberReader(path, member, lib)
-        zf = zipfile.ZipFile(path)
-        return _ClosingStream(zf.open(member.name), zf)
+        if member.method not in (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED):
+            zf = zipfile.ZipFile(f)
+            return _ClosingStream(zf.open(member.name), zf, f)
+        f.seek(member.offset)
+        head = f.read(_ZIP_LOCAL_HEADER)
+        if len(head) != _ZIP_LOCAL_HEADER or head[:4] != b"PK\x03\x04":
+            raise zipfile.BadZipFile(f"bad local header for {member.name!r}")
+        n, m = struct.unpack_from("<HH", head, 26)
+        start = member.offset + _ZIP_LOCAL_HEADER + n + m
+        if start + member.compressed > f.seek(0, os.SEEK_END):
+            raise zipfile.BadZipFile(f"member {member.name!r} runs past the end of the archive")
+        f.seek(start)
+        return MemberStream(f, member)
     except (zipfile.BadZipFile, NotImplementedError, OSError, RuntimeError, KeyError) as exc:
+        f.close()
         raise AuditInputError(f"cannot read member {member.name!r}: {exc}") from None
+    except BaseException:
+        f.close()
+        raise
 
 
 class _ClosingStream(io.RawIOBase):
-    def __init__(self, stream, owner):
-        self._stream, self._owner = stream, owner
+    def __init__(self, stream, *owners):
+        self._stream, self._owners = stream, owners
 
     def readable(self) -> bool:
         return True
@@ -185,7 +226,8 @@ class _ClosingStream(io.RawIOBase):
 
     def close(self) -> None:
         self._stream.close()
-        self._owner.close()
+        for owner in self._owners:
+            owner.close()
         super().close()
 
 
@@ -198,33 +240,23 @@ def _fast_inflater():
     return isal_zlib
 
 
-class _MemberReader(io.RawIOBase):
-    """A stored or raw-deflate member, read straight from the archive file.
+class MemberStream(io.RawIOBase):
+    """A stored or raw-deflate member's data, read forward from `f` (positioned at its first
+    compressed byte; closed with the stream).
 
-    `lib` is the inflater (`isal.isal_zlib`, about twice as fast as zlib, when installed; else
-    `zlib`), None for stored members. Output is bounded by the declared size (data that expands
-    further is refused), and the CRC-32 is checked at the end, as zipfile does."""
+    Deflate uses `isal.isal_zlib` (about twice as fast as zlib) when installed, else `zlib`.
+    Output is bounded by the declared size (data that expands further is refused), and the
+    CRC-32 is checked at the end, as zipfile does."""
 
     IN_CHUNK = 1 << 20
 
-    def __init__(self, path: str, member: Member, lib):
+    def __init__(self, f, member: Member):
         self._name = member.name
-        if lib is None and member.compressed != member.unpacked:
+        stored = member.method == zipfile.ZIP_STORED
+        if stored and member.compressed != member.unpacked:
             raise zipfile.BadZipFile(f"stored member {member.name!r} has different packed and unpacked sizes")
-        self._f = open(path, "rb")
-        try:
-            self._f.seek(member.offset)
-            head = self._f.read(_ZIP_LOCAL_HEADER)
-            if len(head) != _ZIP_LOCAL_HEADER or head[:4] != b"PK\x03\x04":
-                raise zipfile.BadZipFile(f"bad local header for {member.name!r}")
-            n, m = struct.unpack_from("<HH", head, 26)
-            start = member.offset + _ZIP_LOCAL_HEADER + n + m
-            if start + member.compressed > os.fstat(self._f.fileno()).st_size:
-                raise zipfile.BadZipFile(f"member {member.name!r} runs past the end of the archive")
-            self._f.seek(start)
-        except BaseException:
-            self._f.close()
-            raise
+        self._f = f
+        lib = None if stored else (_fast_inflater() or zlib)
         self._lib = lib or zlib
         self._d = lib.decompressobj(-15) if lib is not None else None
         self._in_left = member.compressed
@@ -276,9 +308,7 @@ class _MemberReader(io.RawIOBase):
         return data
 
     def _finish(self) -> None:
-        rest = self._tail + self._f.read(min(self._in_left, 1 << 16))
-        if self._d is None:
-            rest = b""
+        rest = b"" if self._d is None else self._tail + self._f.read(min(self._in_left, 1 << 16))
         try:
             more = bool(rest) and not self._d.eof and self._d.decompress(rest, 1)
         except self._lib.error:

@@ -2,17 +2,17 @@
 
 Both compilers run ptxas with ``-v``; its report (``Used 40 registers``, ``8 bytes spill
 stores``, ``1024 bytes smem``) is parsed here and stored in the cache entry next to the cubin,
-so the numbers are available for any cached instance without re-running a tool. The cubin's ELF
-header is also read here to check which SM it was built for.
+so the numbers are available for any cached instance without re-running a tool. Which SM a
+cubin was built for is decoded by `slim_kernel.cubin.cubin_sm` (re-exported here), the rule the
+audit uses too.
 """
 
 from __future__ import annotations
 
 import re
-import struct
 from dataclasses import asdict, dataclass
 
-EM_CUDA = 190
+from ..cubin import cubin_sm as cubin_sm  # re-exported for the cache
 
 
 @dataclass(frozen=True)
@@ -75,16 +75,3 @@ def check_limits(usage: ResourceUsage, limits: dict[str, int]) -> list[str]:
               "max_smem_static": usage.smem_static}
     return [f"{name.removeprefix('max_')} {actual[name]} > declared {limit}"
             for name, limit in sorted(limits.items()) if actual[name] > limit]
-
-
-def cubin_sm(cubin: bytes) -> int:
-    """The SM number a cubin was built for (90 for sm_90/sm_90a), from its ELF header."""
-    if len(cubin) < 64 or cubin[:4] != b"\x7fELF" or cubin[4] != 2:
-        raise ValueError("not a 64-bit ELF cubin")
-    abi_version = cubin[8]
-    (machine,) = struct.unpack_from("<H", cubin, 18)
-    (flags,) = struct.unpack_from("<I", cubin, 48)
-    if machine != EM_CUDA:
-        raise ValueError(f"ELF machine {machine} is not CUDA ({EM_CUDA})")
-    # CUDA >= 12.8 cubins (ELF ABI version >= 8) keep the SM in bits 8..15, older ones in 0..7.
-    return (flags >> 8) & 0xFF if abi_version >= 8 else flags & 0xFF
