@@ -138,15 +138,20 @@ def audit(session: nox.Session) -> None:
 
 @nox.session(venv_backend="none")
 def gpu(session: nox.Session) -> None:
-    """On a GPU machine: install the project (and the flashinfer bundle) and run `pytest -m gpu`."""
-    session.run("bash", str(ROOT / "benchmark" / "gpu_run.sh"), "tests", "aot", *session.posargs, external=True)
+    """On a GPU machine: `nox -s gpu -- BUNDLE` installs the flashinfer bundle and the project, runs `pytest -m gpu`."""
+    _gpu_run(session, "tests")
 
 
 @nox.session(venv_backend="none")
 def bench(session: nox.Session) -> None:
-    """On a GPU machine: GEMM, launch and eager benchmarks (JSON + PNG + table into $OUT)."""
-    session.run("bash", str(ROOT / "benchmark" / "gpu_run.sh"), "bench", "launch", "eager", *session.posargs,
-                external=True)
+    """On a GPU machine: `nox -s bench -- BUNDLE`: decode-step GEMM (routing table regenerated), eager, ncu."""
+    _gpu_run(session, "bench", "eager", "ncu")
+
+
+def _gpu_run(session: nox.Session, *stages: str) -> None:
+    # BUNDLE: a flashinfer wheel folder from ../shared/device/make-bundle.py, or "none"
+    bundle, *extra = session.posargs or [os.environ.get("SLIM_KERNEL_BUNDLE", "none")]
+    session.run("bash", str(ROOT / "benchmark" / "gpu_run.sh"), bundle, *(extra or stages), external=True)
 
 
 @nox.session
@@ -211,10 +216,14 @@ def _baseline_wheel(session: nox.Session) -> Path | None:
 
 
 def _audit_json(session: nox.Session, wheel: Path, out: Path) -> dict:
-    """`slim-kernel audit --json`; exit 2 (unreadable) fails the session."""
+    """`slim-kernel audit --json` of one wheel (its entry of ``{"schema": 1, "wheels": [...]}``);
+    exit 2 (unreadable) or 3 (a missing decompressor) fails the session."""
     with open(out, "w") as f:
         session.run("slim-kernel", "audit", "--json", str(wheel), stdout=f, success_codes=[0, 1])
-    return json.loads(out.read_text())
+    doc = json.loads(out.read_text())
+    if doc.get("schema") != 1:
+        session.error(f"{out}: audit JSON schema {doc.get('schema')!r}, expected 1")
+    return doc["wheels"][0]
 
 
 def _kib(n: int) -> str:

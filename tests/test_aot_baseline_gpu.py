@@ -4,10 +4,10 @@ Needs the baseline installed (skipped otherwise), built on the GPU machine with
 
     SLIM_KERNEL_AOT_BASELINE=ON SLIM_KERNEL_AOT_ARCHS=90a python3 -m pip install --no-build-isolation --no-deps .
 
-dsv3_router_gemm / dsv3_fused_a_gemm: for each shape, the instance and launch geometry the JIT
-backend picks (slim_kernel.backends.jit.plan / instance) are launched through the JIT runtime and
-through slim_kernel._aot_baseline with the same arguments; the outputs must be bit-identical to each
-other and to the JIT op entry, and close to a float64 reference. bmm_fp8: bit-identical to
+dsv3_router_gemm / dsv3_fused_a_gemm: for each shape and every catalogue configuration
+(slim_kernel/jit/catalogue.py VARIANTS), its instance and launch geometry are launched through the
+JIT runtime and through slim_kernel._aot_baseline with the same arguments; the outputs must be
+bit-identical to each other and to the JIT backend's prepared launch, and close to a float64 reference. bmm_fp8: bit-identical to
 flashinfer.bmm_fp8(backend="cublas") when flashinfer is installed, else within tolerance of float64.
 """
 
@@ -19,6 +19,9 @@ import pytest
 import torch
 
 from slim_kernel.backends import jit as jb
+from slim_kernel.jit import catalogue as cat
+from slim_kernel.jit import get_kernel
+from slim_kernel.names import FUSED_A, ROUTER
 
 from _inputs import TOL, bmm_fp8_inputs, bmm_fp8_ref, randn, rel_err
 
@@ -70,57 +73,77 @@ def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
     return torch.equal(_bits(a), _bits(b))
 
 
-def _launch_both(op, out_jit, out_aot, act, w_ptr, ld_w, n, pdl):
-    """Launch the JIT backend's instance and geometry through the JIT runtime and the AOT module."""
+def _launch_both(op, cfg, out_jit, out_aot, act, w_ptr, ld_w, n, pdl):
+    """Launch ``cfg``'s instance and geometry through the JIT runtime and through the AOT module."""
     m, k = act.shape
     dev = act.device.index
-    plan = jb.plan(op, m, n, k, out_jit.dtype, dev)
-    key = _key(jb.instance(op, m, out_jit.dtype, jb.config_for(op, m)))
+    dtype = str(out_jit.dtype).removeprefix("torch.")
+    inst = cfg.instance(op, m, dtype)
+    key = _key(inst)
     assert (op, key) in {(o, kk) for o, kk, _ in aot.instances()}, \
         f"{op} [{key}] is not in the baseline: rebuild it from these sources"
+    grid, block, cluster = cfg.geometry(n, k, torch.cuda.get_device_properties(dev).multi_processor_count)
+    smem = cfg.smem(m)
     stream = torch.cuda.current_stream(dev).cuda_stream
     common = (m, n, k, act.stride(0) if m > 1 else k, ld_w)
-    plan.launch(plan.grid, plan.block, (act.data_ptr(), w_ptr, out_jit.data_ptr(), *common, out_jit.stride(0)),
-                stream=stream, smem=plan.smem, pdl=pdl, cluster=plan.cluster)
-    getattr(aot, op)(key, (act.data_ptr(), w_ptr, out_aot.data_ptr(), *common, out_aot.stride(0)), plan.grid,
-                     plan.block, plan.smem, plan.cluster, pdl, stream, dev)
+    get_kernel(inst, dev).launch(grid, block, (act.data_ptr(), w_ptr, out_jit.data_ptr(), *common, out_jit.stride(0)),
+                                 stream=stream, smem=smem, pdl=pdl, cluster=cluster)
+    getattr(aot, op)(key, (act.data_ptr(), w_ptr, out_aot.data_ptr(), *common, out_aot.stride(0)), grid,
+                     block, smem, cluster, pdl, stream, dev)
     torch.cuda.synchronize(dev)
-    return plan, key
+    return f"[{key}] grid {grid} cluster {cluster} pdl={pdl}"
+
+
+@pytest.fixture
+def pdl_knob():
+    from slim_kernel import knobs
+
+    old = knobs.pdl()
+    yield knobs.set_pdl
+    knobs.set_pdl(old)
 
 
 def _nan(shape, dtype):
     return torch.full(shape, float("nan"), dtype=dtype, device="cuda")
 
 
-@pytest.mark.parametrize("m", [1, 2, 5, 8, 9, 16])
+@pytest.mark.parametrize("m", [1, 2, 5, 8, 9, 16, 40])
 @pytest.mark.parametrize("e", [256, 384])
 @pytest.mark.parametrize("out_dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("pdl", [True, False], ids=["pdl", "nopdl"])
-def test_router_aot_matches_jit_bitwise(gen, m, e, out_dtype, pdl):
+@pytest.mark.parametrize("variant", list(cat.VARIANTS[ROUTER]))
+def test_router_aot_matches_jit_bitwise(gen, m, e, out_dtype, pdl, variant, pdl_knob):
+    cfg = cat.VARIANTS[ROUTER][variant]
+    if m > cfg.max_m():
+        pytest.skip(f"{variant} serves M <= {cfg.max_m()}")
     h, w = randn((m, K), gen, device="cuda"), randn((e, K), gen, device="cuda")
     out_jit, out_aot, out_op = _nan((m, e), out_dtype), _nan((m, e), out_dtype), _nan((m, e), out_dtype)
-    plan, key = _launch_both(jb.ROUTER, out_jit, out_aot, h, w.data_ptr(), w.stride(0), e, pdl)
-    jb.dsv3_router_gemm(out_op, h, w)  # the JIT op entry itself
+    launched = _launch_both(ROUTER, cfg, out_jit, out_aot, h, w.data_ptr(), w.stride(0), e, pdl)
+    pdl_knob(pdl)
+    jb.prepare_router((out_op, h, w), variant)(out_op, h, w)  # the JIT backend's own launch
     torch.cuda.synchronize()
-    what = f"router M={m} E={e} {out_dtype} [{key}] grid {plan.grid} cluster {plan.cluster} pdl={pdl}"
+    what = f"router[{variant}] M={m} E={e} {out_dtype} {launched}"
     assert _same_bits(out_aot, out_jit), f"{what}: AOT and JIT outputs differ"
-    assert _same_bits(out_op, out_jit), f"{what}: the JIT op entry differs from the plan launch"
+    assert _same_bits(out_op, out_jit), f"{what}: the JIT backend's launch differs from the instance launch"
     assert rel_err(out_aot, h.double() @ w.double().t()) <= TOL[out_dtype], what
 
 
-@pytest.mark.parametrize("m", [1, 2, 4, 8, 9, 13, 16])
+@pytest.mark.parametrize("m", [1, 2, 4, 8, 9, 13, 16, 40])
 @pytest.mark.parametrize("pdl", [True, False], ids=["pdl", "nopdl"])
-def test_fused_a_aot_matches_jit_bitwise(gen, m, pdl):
+@pytest.mark.parametrize("variant", list(cat.VARIANTS[FUSED_A]))
+def test_fused_a_aot_matches_jit_bitwise(gen, m, pdl, variant, pdl_knob):
     n = 2112
+    cfg = cat.VARIANTS[FUSED_A][variant]
     a, w = randn((m, K), gen, device="cuda"), randn((n, K), gen, device="cuda")
     mat_b = w.t()  # (K, N) column-major
     out_jit, out_aot, out_op = (_nan((m, n), torch.bfloat16) for _ in range(3))
-    plan, key = _launch_both(jb.FUSED_A, out_jit, out_aot, a, mat_b.data_ptr(), mat_b.stride(1), n, pdl)
-    jb.dsv3_fused_a_gemm(out_op, a, mat_b)
+    launched = _launch_both(FUSED_A, cfg, out_jit, out_aot, a, mat_b.data_ptr(), mat_b.stride(1), n, pdl)
+    pdl_knob(pdl)
+    jb.prepare_fused_a((out_op, a, mat_b), variant)(out_op, a, mat_b)
     torch.cuda.synchronize()
-    what = f"fused-A M={m} N={n} [{key}] grid {plan.grid} cluster {plan.cluster} pdl={pdl}"
+    what = f"fused-A[{variant}] M={m} N={n} {launched}"
     assert _same_bits(out_aot, out_jit), f"{what}: AOT and JIT outputs differ"
-    assert _same_bits(out_op, out_jit), f"{what}: the JIT op entry differs from the plan launch"
+    assert _same_bits(out_op, out_jit), f"{what}: the JIT backend's launch differs from the instance launch"
     assert rel_err(out_aot, a.double() @ mat_b.double()) <= TOL[torch.bfloat16], what
 
 
@@ -170,4 +193,4 @@ def test_bmm_fp8_rejects_two_e5m2_operands(gen):
 def test_schemas_are_the_retired_registrations():
     assert aot.schemas()["dsv3_router_gemm"] == "dsv3_router_gemm(Tensor! output, Tensor mat_a, Tensor mat_b) -> ()"
     assert aot.schemas()["bmm_fp8"].startswith("bmm_fp8(Tensor A, Tensor B, Tensor! D,")
-    assert {op for op, _, _ in aot.instances()} == {jb.ROUTER, jb.FUSED_A}
+    assert {op for op, _, _ in aot.instances()} == {ROUTER, FUSED_A}
