@@ -1,0 +1,79 @@
+"""The committed routing table (CPU): complete, consistent with the catalogue, deterministic, shown by info."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+
+from slim_kernel import registry, routing
+from slim_kernel.jit import catalogue as cat
+from slim_kernel.names import FUSED_A, ROUTER
+
+BACKENDS = {b.value for b in registry.KernelBackend}
+
+
+@pytest.fixture(scope="module")
+def table():
+    tab = routing.table("sm_90")
+    assert tab is not None, "python/slim_kernel/tables/routing_sm90.json is missing"
+    return tab
+
+
+def test_every_point_of_every_shape_is_measured(table):
+    points = defaultdict(set)
+    for p in table.points:
+        points[(p.op, p.shape, p.flashinfer, p.pdl)].add(p.m)
+    shapes = {(op, shape) for op, shape, _, _ in points}
+    assert {op for op, _ in shapes} == {ROUTER, FUSED_A}
+    assert len([s for s in shapes if s[0] == ROUTER]) == 4  # E 256/384 x fp32/bf16 out
+    assert set(table.versions) >= {"0.7.2.post1", "0.7.4"}
+    for key, ms in points.items():
+        assert set(range(1, 17)) <= ms, f"{key}: M 1..16 incomplete, missing {sorted(set(range(1, 17)) - ms)}"
+
+
+def test_candidates_name_existing_backends_and_configurations(table):
+    for p in table.points:
+        assert p.us, p
+        for cand, us in p.us:
+            backend, _, variant = cand.partition(":")
+            assert backend in BACKENDS, cand
+            assert us > 0
+            if variant:
+                assert backend == "jit" and variant in cat.VARIANTS[p.op], f"{p.describe()}: {cand}"
+                assert cat.variant_serves(cat.VARIANTS[p.op][variant], p.op, p.m), f"{p.describe()}: {cand}"
+            if backend == "flashinfer":
+                assert p.m <= 16, "flashinfer serves M <= 16 only"
+
+
+def test_selection_is_deterministic(table):
+    # Same query, same point and the same ranking; the fastest candidate first, ties by name.
+    for p in table.points[:50]:
+        a = table.lookup(p.op, dict(p.shape), p.m, p.flashinfer, p.pdl)
+        b = table.lookup(p.op, dict(p.shape), p.m, p.flashinfer, p.pdl)
+        assert a == b and a.match == "exact" and a.point is p
+        assert [u for _, u in p.us] == sorted(u for _, u in p.us)
+
+
+def test_table_file_is_what_make_routing_writes(table):
+    from importlib import resources
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmark"))
+    import make_routing
+
+    text = resources.files("slim_kernel").joinpath("tables", "routing_sm90.json").read_text()
+    assert make_routing.dumps_table(json.loads(text)) == text
+
+
+def test_info_json_carries_the_table():
+    proc = subprocess.run([sys.executable, "-m", "slim_kernel", "info", "--json"], capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    assert report["schema"] == 1
+    tab = report["routing_tables"]["sm_90"]
+    assert tab["entries"] == len(routing.table("sm_90").points) and "0.7.4" in tab["flashinfer_versions"]
