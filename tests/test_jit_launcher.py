@@ -295,10 +295,11 @@ _FAKE_RUN = textwrap.dedent("""
 """)
 
 
-def _run_fake(fake_driver: Path, pythonpath: Path, launchers: str) -> dict:
+def _run_fake(fake_driver: Path, pythonpath: Path, launchers: str, script: str | None = None) -> dict:
+    """Run ``script`` (default: the launch checks) in a child that loads the fake libcuda."""
     env = {k: v for k, v in os.environ.items() if k not in ("SLIM_KERNEL_LAUNCHER",)}
     env.update(LD_LIBRARY_PATH=str(fake_driver), PYTHONPATH=str(pythonpath))
-    proc = subprocess.run([sys.executable, "-c", _FAKE_RUN, launchers, str(REPO / "tests")],
+    proc = subprocess.run([sys.executable, "-c", script or _FAKE_RUN, launchers, str(REPO / "tests")],
                           capture_output=True, text=True, env=env, timeout=300)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -387,15 +388,6 @@ _FAKE_TMA = textwrap.dedent("""
 """)
 
 
-def _run_fake_tma(fake_driver: Path, pythonpath: Path, launcher: str) -> dict:
-    env = {k: v for k, v in os.environ.items() if k not in ("SLIM_KERNEL_LAUNCHER",)}
-    env.update(LD_LIBRARY_PATH=str(fake_driver), PYTHONPATH=str(pythonpath))
-    proc = subprocess.run([sys.executable, "-c", _FAKE_TMA, launcher, str(REPO / "tests")],
-                          capture_output=True, text=True, env=env, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
-
-
 def _fake_map(address: int) -> str:
     """The bytes the fake cuTensorMapEncodeTiled writes for a tensor at ``address``."""
     return (b"fake_map" + address.to_bytes(8, "little") + bytes(range(16, 128))).hex()
@@ -424,14 +416,14 @@ def _check_fake_tma(r: dict) -> None:
 
 
 def test_python_launcher_tensor_maps_against_fake_driver(fake_driver):
-    _check_fake_tma(_run_fake_tma(fake_driver, REPO / "python", "python"))
+    _check_fake_tma(_run_fake(fake_driver, REPO / "python", "python", _FAKE_TMA))
 
 
 @pytest.mark.slow
 def test_native_launcher_tensor_maps_against_fake_driver(fake_driver, native_build):
     _, site = native_build
-    native = _run_fake_tma(fake_driver, site, "native")
+    native = _run_fake(fake_driver, site, "native", _FAKE_TMA)
     _check_fake_tma(native)
-    python = _run_fake_tma(fake_driver, site, "python")
+    python = _run_fake(fake_driver, site, "python", _FAKE_TMA)
     same = [k for k in native if k != "bad"]  # the launchers word their TypeErrors a little differently
     assert {k: native[k] for k in same} == {k: python[k] for k in same}

@@ -179,7 +179,7 @@ def _load(spec: KernelSpec) -> tuple[Callable | None, str | None]:
             fn = getattr(importlib.import_module(module_name), attr, None)
             if fn is None:
                 reason = f"{spec.target} does not exist"
-    except Exception as exc:  # noqa: BLE001 - any import-time failure of a backend makes it unavailable
+    except (Exception, SystemExit) as exc:  # noqa: BLE001 - a broken backend install is unavailable, not fatal
         fn, reason = None, f"{type(exc).__name__}: {exc}"
     if reason is not None:
         reason = _BROKEN[key] = f"unavailable: {reason}"
@@ -275,7 +275,7 @@ def explain(op: str, device: torch.device, args: Sequence | None = None) -> list
         if reason is None and spec.probe is not None:
             try:
                 reason = spec.probe()
-            except Exception as exc:  # noqa: BLE001 - a broken install is a reason, not a crash
+            except (Exception, SystemExit) as exc:  # noqa: BLE001 - a broken install is a reason, not a crash
                 reason = f"{type(exc).__name__}: {exc}"
         reason = reason or spec.device_reason(device)
         if reason is None and args is not None:

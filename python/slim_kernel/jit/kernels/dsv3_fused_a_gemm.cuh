@@ -14,6 +14,8 @@
 #error "dsv3_fused_a_gemm has only the skinny kernel (SK_FAMILY 0)"
 #endif
 
+// 320 threads = 10 warps, the most a skinny configuration launches (catalogue.Skinny: warps <= 10);
+// one CTA per SM, so ptxas may use up to 204 registers (the limits line above caps them at 168).
 extern "C" __global__ void __launch_bounds__(320, 1)
 dsv3_fused_a_gemm_kernel(const __nv_bfloat16* __restrict__ mat_a, const __nv_bfloat16* __restrict__ weight,
                          __nv_bfloat16* __restrict__ out, int M, int N, int K, int ld_a, int ld_weight, int ld_out) {

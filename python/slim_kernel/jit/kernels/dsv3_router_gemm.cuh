@@ -13,6 +13,8 @@
 #include "narrow_gemm.cuh"
 #include "skinny_gemm.cuh"
 
+// The block bound: 10 warps, the most a skinny configuration launches (catalogue.Skinny: warps
+// <= 10), or the narrow kernel's compile-time block size; one CTA per SM is the design point.
 #if SK_FAMILY == 0
 #define SK_BLOCK_BOUND 320
 #else
