@@ -127,7 +127,7 @@ def _tar_members(src, ctx):
     lim, total, count = ctx.limits, 0, 0
     src.fill(6)
     opener = next((o for magic, o in _OPENERS.items() if bytes(src.buf[: len(magic)]) == magic), None)
-    raw = _PullFile(src)
+    raw = SubReader(src, src.remaining)  # the rest of the source, counting what was read
     f = raw if opener is None else _RatioGuard(opener(raw), raw, lim)
     with tarfile.open(fileobj=f, mode="r|") as tf:
         for info in tf:
@@ -142,32 +142,10 @@ def _tar_members(src, ctx):
             yield tf.extractfile(info), info.name, info.size, info.size
 
 
-class _PullFile(io.RawIOBase):
-    """File object over the rest of a `Pull`, counting what was read."""
-
-    def __init__(self, src):
-        self._src = src
-        self.consumed = 0
-
-    def readable(self) -> bool:
-        return True
-
-    def read(self, n: int = -1) -> bytes:
-        n = self._src.remaining if n is None or n < 0 else min(n, self._src.remaining)
-        data = self._src.take(n) if n else b""
-        self.consumed += len(data)
-        return data
-
-    def readinto(self, b) -> int:
-        data = self.read(len(b))
-        b[: len(data)] = data
-        return len(data)
-
-
 class _RatioGuard(io.RawIOBase):
     """A decompressed stream that may not outgrow `max_ratio` x the compressed bytes read."""
 
-    def __init__(self, stream, raw: _PullFile, limits):
+    def __init__(self, stream, raw: SubReader, limits):
         self._stream, self._raw, self._limits = stream, raw, limits
         self._produced = 0
 
