@@ -57,47 +57,29 @@ def gzip_parts(parts: list[tuple[bytes, int]]) -> bytes:
     return b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x00\xff" + body + struct.pack("<II", crc, size & 0xFFFFFFFF)
 
 
+def _local_header(raw: bytes, method: int, crc: int, csize: int, usize: int) -> bytes:
+    return struct.pack("<4sHHHHHIIIHH", b"PK\x03\x04", 20, 0, method, 0, 0x21, crc, csize, usize, len(raw), 0) + raw
+
+
+def _central_entry(raw: bytes, method: int, crc: int, csize: int, usize: int, offset: int) -> bytes:
+    return struct.pack("<4sHHHHHHIIIHHHHHII", b"PK\x01\x02", 20, 20, 0, method, 0, 0x21, crc, csize, usize,
+                       len(raw), 0, 0, 0, 0, 0, offset) + raw
+
+
+def _end_of_central(entries: int, cd_size: int, cd_offset: int) -> bytes:
+    return struct.pack("<4sHHHHIIH", b"PK\x05\x06", 0, 0, entries, entries, cd_size, cd_offset, 0)
+
+
 def raw_zip(path: Path, members: list[tuple[str, int, int, int, bytes]]) -> Path:
     """A zip from (name, method, crc, unpacked size, compressed data) members."""
     with open(path, "wb") as f:
         central = []
         for name, method, crc, usize, data in members:
             off, raw = f.tell(), name.encode()
-            f.write(
-                struct.pack(
-                    "<4sHHHHHIIIHH", b"PK\x03\x04", 20, 0, method, 0, 0x21, crc, len(data), usize, len(raw), 0
-                )
-            )
-            f.write(raw + data)
-            central.append(
-                struct.pack(
-                    "<4sHHHHHHIIIHHHHHII",
-                    b"PK\x01\x02",
-                    20,
-                    20,
-                    0,
-                    method,
-                    0,
-                    0x21,
-                    crc,
-                    len(data),
-                    usize,
-                    len(raw),
-                    0,
-                    0,
-                    0,
-                    0,
-                    0,
-                    off,
-                )
-                + raw
-            )
-        start = f.tell()
-        f.write(b"".join(central))
-        end = f.tell()
-        f.write(
-            struct.pack("<4sHHHHIIH", b"PK\x05\x06", 0, 0, len(central), len(central), end - start, start, 0)
-        )
+            f.write(_local_header(raw, method, crc, len(data), usize) + data)
+            central.append(_central_entry(raw, method, crc, len(data), usize, off))
+        cd = b"".join(central)
+        f.write(cd + _end_of_central(len(central), len(cd), f.tell()))
     return path
 
 
@@ -223,38 +205,12 @@ def inner_stored_zip_parts(zeros: int, members: int) -> list[tuple[bytes, int]]:
         name = f"data/m{i}.bin".encode()
         size = len(data) * count
         crc = crc32(rand) if crc is None else crc
-        head = (
-            struct.pack("<4sHHHHHIIIHH", b"PK\x03\x04", 20, 0, 0, 0, 0x21, crc, size, size, len(name), 0)
-            + name
-        )
-        central.append(
-            struct.pack(
-                "<4sHHHHHHIIIHHHHHII",
-                b"PK\x01\x02",
-                20,
-                20,
-                0,
-                0,
-                0,
-                0x21,
-                crc,
-                size,
-                size,
-                len(name),
-                0,
-                0,
-                0,
-                0,
-                0,
-                off,
-            )
-            + name
-        )
+        head = _local_header(name, 0, crc, size, size)
+        central.append(_central_entry(name, 0, crc, size, size, off))
         parts += [(head, 1), (data, count)]
         off += len(head) + size
     cd = b"".join(central)
-    eocd = struct.pack("<4sHHHHIIH", b"PK\x05\x06", 0, 0, len(central), len(central), len(cd), off, 0)
-    return parts + [(cd + eocd, 1)]
+    return parts + [(cd + _end_of_central(len(central), len(cd), off), 1)]
 
 
 # -- the cases -------------------------------------------------------------------------------
