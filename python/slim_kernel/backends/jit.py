@@ -97,8 +97,7 @@ def _prepare(op: str, output: torch.Tensor, act: torch.Tensor, n: int, ldw: int,
 
 def prepare_router(args, variant: str | None):
     output, hidden_states, router_weights = args
-    run = _prepare(ROUTER, output, hidden_states, router_weights.shape[0], router_weights.stride(0), variant)
-    return run
+    return _prepare(ROUTER, output, hidden_states, router_weights.shape[0], router_weights.stride(0), variant)
 
 
 def prepare_fused_a(args, variant: str | None):
