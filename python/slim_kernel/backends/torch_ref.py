@@ -21,6 +21,11 @@ def bmm_fp8(out: torch.Tensor, A: torch.Tensor, B: torch.Tensor, A_scale: torch.
 
 
 def dsv3_router_gemm(output: torch.Tensor, hidden_states: torch.Tensor, router_weights: torch.Tensor) -> None:
+    if (output.dtype == torch.float32 and output.is_contiguous() and hidden_states.is_cuda
+            and hidden_states.dtype == torch.bfloat16 and router_weights.dtype == torch.bfloat16):
+        # cuBLAS writes the fp32 logits in place: no second kernel for the copy (1.2-1.4 us in a graph)
+        torch.mm(hidden_states, router_weights.t(), out_dtype=torch.float32, out=output)
+        return
     output.copy_(_mm_fp32(hidden_states, router_weights.t()))
 
 

@@ -7,6 +7,8 @@ in ``kernels/`` (design notes there):
 
   skinny  per-thread cp.async ring, swap-AB mma.sync, split-K over warps and a cluster (both ops)
   narrow  a CTA per few rows over the whole K, CUDA-core FMAs, no cluster (router, M <= 16)
+  bulk    a loader warp streaming row chunks with 1-D bulk copies into an mbarrier ring, compute
+          warps on mma.sync (fused-A)
 
 (A tensor-map/mbarrier design for fused-A lost on the H200 by 1.5-4 us at every M and was
 removed; benchmark/results/h200/NOTES_kernels.md has its numbers and profile.)
@@ -116,8 +118,50 @@ class Narrow:
         return self.rows * _mt(m) * self.threads * 4
 
 
-GemmConfig = Skinny | Narrow
-FAMILIES: dict[str, type] = {cls.kernel: cls for cls in (Skinny, Narrow)}
+@dataclass(frozen=True)
+class Bulk:
+    kernel = "bulk"
+    ops = (FUSED_A,)
+    kc: int = 512  # k per ring stage: each row's chunk is one contiguous bulk copy of 2*kc bytes (compile-time)
+    stages: int = 8  # ring depth (compile-time; fewer where M's activation rows would not fit)
+    warps: int = 8  # compute warps, plus one loader warp (compile-time)
+
+    def __post_init__(self):
+        _check(self.kc % 64 == 0 and 64 <= self.kc <= 2048 and 2 <= self.stages <= 32 and 1 <= self.warps <= 9,
+               self, "need kc a multiple of 64 in 64..2048, stages 2..32, warps 1..9")
+
+    def max_m(self) -> int:
+        """The largest token bucket whose two-stage ring fits in shared memory."""
+        return next(m for m in (MAX_M, 32, 16, 8) if self._fixed(m) + 2 * _bulk_stage(token_tiles(m), self.kc) <= MAX_SMEM)
+
+    def _fixed(self, m: int) -> int:
+        return _bulk_barriers(self.stages) + self.warps * token_tiles(m) * 512
+
+    def stages_for(self, m: int) -> int:
+        return max(2, min(self.stages, (MAX_SMEM - self._fixed(m)) // _bulk_stage(token_tiles(m), self.kc)))
+
+    def instance(self, op: str, m: int, out_dtype: str) -> KernelInstance:
+        return _make(op, out_dtype, SK_FAMILY=2, SK_NT=token_tiles(m), SK_KC=self.kc, SK_STAGES=self.stages_for(m),
+                     SK_CW=self.warps)
+
+    def geometry(self, n: int, k: int, sm_count: int) -> tuple[tuple, tuple, tuple | None]:
+        return (_cdiv(n, 16), 1, 1), (32 * (self.warps + 1), 1, 1), None
+
+    def smem(self, m: int) -> int:  # bulk_smem_bytes in kernels/bulk_gemm.cuh
+        nt, stages = token_tiles(m), self.stages_for(m)
+        return _bulk_barriers(stages) + stages * _bulk_stage(nt, self.kc) + self.warps * nt * 512
+
+
+GemmConfig = Skinny | Narrow | Bulk
+FAMILIES: dict[str, type] = {cls.kernel: cls for cls in (Skinny, Narrow, Bulk)}
+
+
+def _bulk_barriers(stages: int) -> int:  # bulk_barrier_bytes
+    return _cdiv(stages * 16, 128) * 128
+
+
+def _bulk_stage(nt: int, kc: int) -> int:  # bulk_stage_bytes: 16 weight rows + 8*nt tokens, padded pitch
+    return (16 + 8 * nt) * (2 * kc + 64)
 
 
 def _partials(rt: int, nt: int, warps: int) -> int:  # partials_bytes in kernels/reduce.cuh
@@ -203,6 +247,10 @@ VARIANTS: dict[str, dict[str, GemmConfig]] = {
     FUSED_A: {
         "skinny": Skinny(rt=1, stages=8, warps=8, split=1),
         "skinny_w10": Skinny(rt=1, stages=6, warps=10, split=1),
+        "bulk": Bulk(kc=512, stages=8, warps=8),
+        "bulk_k256": Bulk(kc=256, stages=16, warps=8),
+        "bulk_k1024": Bulk(kc=1024, stages=4, warps=8),
+        "bulk_w4": Bulk(kc=512, stages=8, warps=4),
     },
 }
 FALLBACK_VARIANT = "skinny"  # serves every M of both ops: the choice where nothing was measured
