@@ -7,15 +7,16 @@ in ``kernels/`` (design notes there):
 
   skinny  per-thread cp.async ring, swap-AB mma.sync, split-K over warps and a cluster (both ops)
   narrow  a CTA per few rows over the whole K, CUDA-core FMAs, no cluster (router, M <= 16)
-  bulk    a loader warp streaming row chunks with 1-D bulk copies into an mbarrier ring, compute
-          warps on mma.sync (fused-A)
+  tma     a loader thread streaming 16-row x 224-k tensor-map boxes into an mbarrier ring,
+          compute warps on mma.sync (fused-A)
 
-(A tensor-map/mbarrier design for fused-A lost on the H200 by 1.5-4 us at every M and was
-removed; benchmark/results/h200/NOTES_kernels.md has its numbers and profile.)
+(Earlier tensor-map and 1-D bulk-copy designs with small copies lost on the H200 and were removed;
+benchmark/results/h200/NOTES_kernels.md has their numbers and profiles.)
 
 A family config is a frozen dataclass with ``instance(op, m, out_dtype)``, ``geometry(n, k,
 sm_count)`` and ``smem(m)`` (mirrors of the ``*_smem_bytes`` formulas in the ``.cuh`` files; the
-kernels trap when launched with less). Tile rules (``"8:kernel=narrow,rows=2;16:rt=1,stages=8"``)
+kernels trap when launched with less); a family whose kernel takes tensor maps also has
+``tensor_maps(m, n, k, lda, ldw)``. Tile rules (``"8:kernel=narrow,rows=2;16:rt=1,stages=8"``)
 map M ranges to configs; the measured routing table (``slim_kernel/routing.py``) names a
 configuration from :data:`VARIANTS` per shape and M.
 """
@@ -32,6 +33,7 @@ VEC = 8  # bf16 elements per 16-byte load: K and row strides must be multiples o
 MAX_CLUSTER = 8  # portable cluster size: the most split=0 picks
 MAX_SPLIT = 16  # explicit split may use non-portable clusters (kMaxSplit in kernels/reduce.cuh)
 MAX_SMEM = 227 * 1024
+TMA_BOX_K = 224  # kTmaBoxK in kernels/tma_gemm.cuh: a 448-byte box row spreads a load phase over all banks
 OUT_DTYPES = {ROUTER: ("float32", "bfloat16"), FUSED_A: ("bfloat16",)}
 SOURCES = {ROUTER: ("dsv3_router_gemm.cuh", "dsv3_router_gemm_kernel"),
            FUSED_A: ("dsv3_fused_a_gemm.cuh", "dsv3_fused_a_gemm_kernel")}
@@ -119,49 +121,49 @@ class Narrow:
 
 
 @dataclass(frozen=True)
-class Bulk:
-    kernel = "bulk"
+class Tma:
+    kernel = "tma"
     ops = (FUSED_A,)
-    kc: int = 512  # k per ring stage: each row's chunk is one contiguous bulk copy of 2*kc bytes (compile-time)
+    boxes: int = 2  # 224-k tensor-map boxes per ring stage (compile-time)
     stages: int = 8  # ring depth (compile-time; fewer where M's activation rows would not fit)
     warps: int = 8  # compute warps, plus one loader warp (compile-time)
+    signature = "ttpiiiiii"  # act_map, w_map, out, M, N, K, ld_act, ld_w, ld_out
 
     def __post_init__(self):
-        _check(self.kc % 64 == 0 and 64 <= self.kc <= 2048 and 2 <= self.stages <= 32 and 1 <= self.warps <= 9,
-               self, "need kc a multiple of 64 in 64..2048, stages 2..32, warps 1..9")
+        _check(1 <= self.boxes <= 8 and 2 <= self.stages <= 32 and 1 <= self.warps <= 9, self,
+               "need boxes 1..8, stages 2..32, warps 1..9")
 
     def max_m(self) -> int:
         """The largest token bucket whose two-stage ring fits in shared memory."""
-        return next(m for m in (MAX_M, 32, 16, 8) if self._fixed(m) + 2 * _bulk_stage(token_tiles(m), self.kc) <= MAX_SMEM)
+        return next(m for m in (MAX_M, 32, 16, 8) if self._fixed(m) + 2 * self._stage(m) <= MAX_SMEM)
 
-    def _fixed(self, m: int) -> int:
-        return _bulk_barriers(self.stages) + self.warps * token_tiles(m) * 512
+    def _stage(self, m: int) -> int:  # tma_stage_bytes in kernels/tma_gemm.cuh
+        return self.boxes * (16 + 8 * token_tiles(m)) * TMA_BOX_K * 2
+
+    def _fixed(self, m: int) -> int:  # tma_barrier_bytes + the compute warps' partials
+        return _cdiv(self.stages * 16, 128) * 128 + self.warps * token_tiles(m) * 512
 
     def stages_for(self, m: int) -> int:
-        return max(2, min(self.stages, (MAX_SMEM - self._fixed(m)) // _bulk_stage(token_tiles(m), self.kc)))
+        return max(2, min(self.stages, (MAX_SMEM - self._fixed(m)) // self._stage(m)))
 
     def instance(self, op: str, m: int, out_dtype: str) -> KernelInstance:
-        return _make(op, out_dtype, SK_FAMILY=2, SK_NT=token_tiles(m), SK_KC=self.kc, SK_STAGES=self.stages_for(m),
-                     SK_CW=self.warps)
+        return _make(op, out_dtype, self.signature, entry_suffix="_tma", SK_FAMILY=2, SK_NT=token_tiles(m),
+                     SK_NB=self.boxes, SK_STAGES=self.stages_for(m), SK_CW=self.warps)
 
     def geometry(self, n: int, k: int, sm_count: int) -> tuple[tuple, tuple, tuple | None]:
         return (_cdiv(n, 16), 1, 1), (32 * (self.warps + 1), 1, 1), None
 
-    def smem(self, m: int) -> int:  # bulk_smem_bytes in kernels/bulk_gemm.cuh
-        nt, stages = token_tiles(m), self.stages_for(m)
-        return _bulk_barriers(stages) + stages * _bulk_stage(nt, self.kc) + self.warps * nt * 512
+    def smem(self, m: int) -> int:  # tma_smem_bytes in kernels/tma_gemm.cuh
+        stages = self.stages_for(m)
+        return _cdiv(stages * 16, 128) * 128 + stages * self._stage(m) + self.warps * token_tiles(m) * 512
+
+    def tensor_maps(self, m: int, n: int, k: int, lda: int, ldw: int) -> tuple[tuple, tuple]:
+        """(dims, strides_bytes, box) of the activation and weight maps (bf16, no swizzle, OOB zeros)."""
+        return ((k, m), (lda * 2,), (TMA_BOX_K, 8 * token_tiles(m))), ((k, n), (ldw * 2,), (TMA_BOX_K, 16))
 
 
-GemmConfig = Skinny | Narrow | Bulk
-FAMILIES: dict[str, type] = {cls.kernel: cls for cls in (Skinny, Narrow, Bulk)}
-
-
-def _bulk_barriers(stages: int) -> int:  # bulk_barrier_bytes
-    return _cdiv(stages * 16, 128) * 128
-
-
-def _bulk_stage(nt: int, kc: int) -> int:  # bulk_stage_bytes: 16 weight rows + 8*nt tokens, padded pitch
-    return (16 + 8 * nt) * (2 * kc + 64)
+GemmConfig = Skinny | Narrow | Tma
+FAMILIES: dict[str, type] = {cls.kernel: cls for cls in (Skinny, Narrow, Tma)}
 
 
 def _partials(rt: int, nt: int, warps: int) -> int:  # partials_bytes in kernels/reduce.cuh
@@ -172,10 +174,12 @@ def _mt(m: int) -> int:
     return 1 if m <= 1 else 2 if m <= 2 else 4 if m <= 4 else 8 if m <= 8 else 16
 
 
-def _make(op: str, out_dtype: str, signature: str = POINTER_SIGNATURE, **defines) -> KernelInstance:
+def _make(op: str, out_dtype: str, signature: str = POINTER_SIGNATURE, entry_suffix: str = "",
+          **defines) -> KernelInstance:
     if out_dtype not in OUT_DTYPES[op]:
         raise ValueError(f"{op} has no {out_dtype} output (only {', '.join(OUT_DTYPES[op])})")
     source, entry = SOURCES[op]
+    entry = entry.removesuffix("_kernel") + entry_suffix + "_kernel"
     if op == ROUTER:
         defines["SK_OUT_BF16"] = int(out_dtype == "bfloat16")
     return KernelInstance.make(source, entry, signature, **defines)
@@ -247,10 +251,9 @@ VARIANTS: dict[str, dict[str, GemmConfig]] = {
     FUSED_A: {
         "skinny": Skinny(rt=1, stages=8, warps=8, split=1),
         "skinny_w10": Skinny(rt=1, stages=6, warps=10, split=1),
-        "bulk": Bulk(kc=512, stages=8, warps=8),
-        "bulk_k256": Bulk(kc=256, stages=16, warps=8),
-        "bulk_k1024": Bulk(kc=1024, stages=4, warps=8),
-        "bulk_w4": Bulk(kc=512, stages=8, warps=4),
+        "tma": Tma(boxes=2, stages=10, warps=8),
+        "tma_b4": Tma(boxes=4, stages=5, warps=8),
+        "tma_w4": Tma(boxes=2, stages=10, warps=4),
     },
 }
 FALLBACK_VARIANT = "skinny"  # serves every M of both ops: the choice where nothing was measured

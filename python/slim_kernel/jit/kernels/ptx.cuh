@@ -86,7 +86,7 @@ __device__ __forceinline__ unsigned mapa(unsigned local_addr, unsigned rank) {
     return remote;
 }
 
-// mbarriers and 1-D bulk copies (the TMA engine without a tensor map), for bulk_gemm.cuh.
+// mbarriers and tensor-map copies (the TMA engine), for tma_gemm.cuh.
 __device__ __forceinline__ void mbar_init(unsigned bar, unsigned count) {
     asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(bar), "r"(count) : "memory");
 }
@@ -118,10 +118,14 @@ __device__ __forceinline__ void mbar_wait(unsigned bar, unsigned parity) {
     while (!mbar_try_wait(bar, parity))
         if (globaltimer_ns() - t0 > 20000000000ull) asm volatile("trap;");
 }
-// bytes (a multiple of 16) from 16-byte aligned global memory to shared memory, completing on bar.
-__device__ __forceinline__ void bulk_g2s(unsigned dst, const void* src, int bytes, unsigned bar) {
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n"
-                 :: "r"(dst), "l"(src), "r"(bytes), "r"(bar) : "memory");
+// One box of a 2-D tensor map at element coordinates (c0 innermost, c1) into shared memory,
+// completing on bar. `map` is the generic address of a __grid_constant__ kernel parameter.
+__device__ __forceinline__ void tma_load_2d(unsigned dst, const void* map, int c0, int c1, unsigned bar) {
+    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n"
+                 :: "r"(dst), "l"(map), "r"(c0), "r"(c1), "r"(bar) : "memory");
+}
+__device__ __forceinline__ void prefetch_tensormap(const void* map) {
+    asm volatile("prefetch.tensormap [%0];\n" :: "l"(map) : "memory");
 }
 // Barrier over `threads` threads (a multiple of 32) of the CTA, id 1..15 (0 is __syncthreads).
 __device__ __forceinline__ void named_barrier_sync(int id, int threads) {
