@@ -53,8 +53,9 @@ def test_geometry():
     assert cat.Tma(boxes=8, stages=4).max_m() == 8 and cat.Tma(boxes=2).max_m() == cat.MAX_M
     assert cat.Tma(boxes=2, stages=10).stages_for(1) == 10 > cat.Tma(boxes=2, stages=10).stages_for(17) >= 2
     # the maps: activation (K, M) box (224, 8*NT), weight (K, N) box (224, 16), byte row strides
-    assert cat.Tma().tensor_maps(3, 2112, 7168, 7176, 7168) == (((7168, 3), (14352,), (224, 8)),
-                                                                ((7168, 2112), (14336,), (224, 16)))
+    assert cat.Tma().tensor_maps(3, 2112, 7168, 7176, 7168) == (((7168, 3), (14352,), (224, 8), "256B"),
+                                                                ((7168, 2112), (14336,), (224, 16), "256B"))
+    assert cat.Tma(l2=0).tensor_maps(1, 16, 64, 64, 64)[1][3] == "none"
 
 
 def test_rules_parse_and_reject():
@@ -102,7 +103,7 @@ def test_smem_formulas_match_the_kernels(tmp_path):
                 if isinstance(cfg, cat.Skinny):
                     expr = f"slim::skinny_smem_bytes({d['SK_RT']}, {d['SK_NT']}, {d['SK_STAGES']}, {cfg.warps})"
                 elif isinstance(cfg, cat.Tma):
-                    expr = f"slim::tma_smem_bytes({d['SK_NT']}, {d['SK_NB']}, {d['SK_STAGES']}, {d['SK_CW']})"
+                    expr = f"slim::tma_smem_bytes({d['SK_NT']}, {d['SK_NB']}, {d['SK_BK']}, {d['SK_STAGES']}, {d['SK_CW']})"
                 else:
                     expr = f"slim::narrow_smem_bytes({d['SK_ROWS']}, {d['SK_MT']}, {d['SK_THREADS']})"
                 cases.append((expr, cfg.smem(m)))

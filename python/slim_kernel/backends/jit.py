@@ -106,12 +106,12 @@ def _prepare(op: str, output: torch.Tensor, act: torch.Tensor, n: int, ldw: int,
 
 
 @functools.lru_cache(maxsize=4096)
-def _tensor_map(ptr: int, dims: tuple, strides_bytes: tuple, box: tuple):
+def _tensor_map(ptr: int, dims: tuple, strides_bytes: tuple, box: tuple, l2_promotion: str):
     """A bf16 tensor map (no swizzle, OOB zeros), encoded once per address and geometry: weights are
     long-lived, and a map holds nothing but the address and the geometry, so reuse is exact."""
     from ..jit import tensor_map
 
-    return tensor_map(ptr, dims, strides_bytes, box, dtype="bf16", swizzle="none", l2_promotion="256B")
+    return tensor_map(ptr, dims, strides_bytes, box, dtype="bf16", swizzle="none", l2_promotion=l2_promotion)
 
 
 def prepare_router(args, variant: str | None):

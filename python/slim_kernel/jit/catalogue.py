@@ -7,7 +7,7 @@ in ``kernels/`` (design notes there):
 
   skinny  per-thread cp.async ring, swap-AB mma.sync, split-K over warps and a cluster (both ops)
   narrow  a CTA per few rows over the whole K, CUDA-core FMAs, no cluster (router, M <= 16)
-  tma     a loader thread streaming 16-row x 224-k tensor-map boxes into an mbarrier ring,
+  tma     a loader thread streaming 16-row tensor-map boxes into an mbarrier ring,
           compute warps on mma.sync (fused-A)
 
 (Earlier tensor-map and 1-D bulk-copy designs with small copies lost on the H200 and were removed;
@@ -33,7 +33,6 @@ VEC = 8  # bf16 elements per 16-byte load: K and row strides must be multiples o
 MAX_CLUSTER = 8  # portable cluster size: the most split=0 picks
 MAX_SPLIT = 16  # explicit split may use non-portable clusters (kMaxSplit in kernels/reduce.cuh)
 MAX_SMEM = 227 * 1024
-TMA_BOX_K = 224  # kTmaBoxK in kernels/tma_gemm.cuh: a 448-byte box row spreads a load phase over all banks
 OUT_DTYPES = {ROUTER: ("float32", "bfloat16"), FUSED_A: ("bfloat16",)}
 SOURCES = {ROUTER: ("dsv3_router_gemm.cuh", "dsv3_router_gemm_kernel"),
            FUSED_A: ("dsv3_fused_a_gemm.cuh", "dsv3_fused_a_gemm_kernel")}
@@ -124,21 +123,24 @@ class Narrow:
 class Tma:
     kernel = "tma"
     ops = (FUSED_A,)
-    boxes: int = 2  # 224-k tensor-map boxes per ring stage (compile-time)
+    boxes: int = 2  # tensor-map boxes per ring stage (compile-time)
+    box_k: int = 224  # k per box: 224 = 448-byte rows, conflict-free shared loads; 256 = 128-byte-aligned rows
+    l2: int = 256  # L2 promotion of the maps' requests in bytes: 0, 64, 128 or 256 (launch-time)
     stages: int = 8  # ring depth (compile-time; fewer where M's activation rows would not fit)
     warps: int = 8  # compute warps, plus one loader warp (compile-time)
     signature = "ttpiiiiii"  # act_map, w_map, out, M, N, K, ld_act, ld_w, ld_out
 
     def __post_init__(self):
-        _check(1 <= self.boxes <= 8 and 2 <= self.stages <= 32 and 1 <= self.warps <= 9, self,
-               "need boxes 1..8, stages 2..32, warps 1..9")
+        _check(1 <= self.boxes <= 8 and self.box_k % 32 == 0 and 32 <= self.box_k <= 256 and 2 <= self.stages <= 32
+               and 1 <= self.warps <= 9 and self.l2 in (0, 64, 128, 256), self,
+               "need boxes 1..8, box_k a multiple of 32 in 32..256, stages 2..32, warps 1..9, l2 0/64/128/256")
 
     def max_m(self) -> int:
         """The largest token bucket whose two-stage ring fits in shared memory."""
         return next(m for m in (MAX_M, 32, 16, 8) if self._fixed(m) + 2 * self._stage(m) <= MAX_SMEM)
 
     def _stage(self, m: int) -> int:  # tma_stage_bytes in kernels/tma_gemm.cuh
-        return self.boxes * (16 + 8 * token_tiles(m)) * TMA_BOX_K * 2
+        return self.boxes * (16 + 8 * token_tiles(m)) * self.box_k * 2
 
     def _fixed(self, m: int) -> int:  # tma_barrier_bytes + the compute warps' partials
         return _cdiv(self.stages * 16, 128) * 128 + self.warps * token_tiles(m) * 512
@@ -148,7 +150,7 @@ class Tma:
 
     def instance(self, op: str, m: int, out_dtype: str) -> KernelInstance:
         return _make(op, out_dtype, self.signature, entry_suffix="_tma", SK_FAMILY=2, SK_NT=token_tiles(m),
-                     SK_NB=self.boxes, SK_STAGES=self.stages_for(m), SK_CW=self.warps)
+                     SK_NB=self.boxes, SK_BK=self.box_k, SK_STAGES=self.stages_for(m), SK_CW=self.warps)
 
     def geometry(self, n: int, k: int, sm_count: int) -> tuple[tuple, tuple, tuple | None]:
         return (_cdiv(n, 16), 1, 1), (32 * (self.warps + 1), 1, 1), None
@@ -158,8 +160,10 @@ class Tma:
         return _cdiv(stages * 16, 128) * 128 + stages * self._stage(m) + self.warps * token_tiles(m) * 512
 
     def tensor_maps(self, m: int, n: int, k: int, lda: int, ldw: int) -> tuple[tuple, tuple]:
-        """(dims, strides_bytes, box) of the activation and weight maps (bf16, no swizzle, OOB zeros)."""
-        return ((k, m), (lda * 2,), (TMA_BOX_K, 8 * token_tiles(m))), ((k, n), (ldw * 2,), (TMA_BOX_K, 16))
+        """(dims, strides_bytes, box, l2 promotion) of the activation and weight maps (bf16, no swizzle,
+        out-of-bounds zeros)."""
+        l2 = f"{self.l2}B" if self.l2 else "none"
+        return ((k, m), (lda * 2,), (self.box_k, 8 * token_tiles(m)), l2), ((k, n), (ldw * 2,), (self.box_k, 16), l2)
 
 
 GemmConfig = Skinny | Narrow | Tma
@@ -253,7 +257,9 @@ VARIANTS: dict[str, dict[str, GemmConfig]] = {
         "skinny_w10": Skinny(rt=1, stages=6, warps=10, split=1),
         "tma": Tma(boxes=2, stages=10, warps=8),
         "tma_b4": Tma(boxes=4, stages=5, warps=8),
-        "tma_w4": Tma(boxes=2, stages=10, warps=4),
+        "tma_k256": Tma(boxes=2, box_k=256, stages=8, warps=8),
+        "tma_k256b4": Tma(boxes=4, box_k=256, stages=4, warps=8),
+        "tma_l2none": Tma(boxes=4, stages=5, warps=8, l2=0),
     },
 }
 FALLBACK_VARIANT = "skinny"  # serves every M of both ops: the choice where nothing was measured

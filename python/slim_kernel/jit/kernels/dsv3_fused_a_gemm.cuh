@@ -9,7 +9,7 @@
 //   SK_FAMILY   0 skinny (entry dsv3_fused_a_gemm_kernel), 2 tma (entry dsv3_fused_a_gemm_tma_kernel)
 //   SK_NT (token tiles of 8), SK_STAGES (ring depth)
 //   skinny: SK_RT (16-row weight tiles per CTA)
-//   tma:    SK_NB (224-k boxes per stage), SK_CW (compute warps; block = 32 * (SK_CW + 1))
+//   tma:    SK_NB (boxes per stage), SK_BK (k per box), SK_CW (compute warps; block = 32 * (SK_CW + 1))
 #if SK_FAMILY == 0
 #include "skinny_gemm.cuh"
 
@@ -27,7 +27,7 @@ dsv3_fused_a_gemm_kernel(const __nv_bfloat16* __restrict__ mat_a, const __nv_bfl
 extern "C" __global__ void __launch_bounds__(32 * (SK_CW + 1), 1)
 dsv3_fused_a_gemm_tma_kernel(const __grid_constant__ slim::TmaDesc act_map, const __grid_constant__ slim::TmaDesc w_map,
                              __nv_bfloat16* __restrict__ out, int M, int N, int K, int ld_a, int ld_weight, int ld_out) {
-    slim::tma_gemm<SK_NT, SK_NB, SK_STAGES, SK_CW, true>(&act_map, &w_map, out, M, N, K, ld_out);
+    slim::tma_gemm<SK_NT, SK_NB, SK_BK, SK_STAGES, SK_CW, true>(&act_map, &w_map, out, M, N, K, ld_out);
 }
 #else
 #error "dsv3_fused_a_gemm has the skinny (SK_FAMILY 0) and tma (2) kernels"

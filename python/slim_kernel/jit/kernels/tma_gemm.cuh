@@ -3,10 +3,10 @@
 //
 // Design (the weights are one long stream; the CTA only has to keep enough of it in flight, in few
 // large requests):
-//  * A CTA owns 16 weight rows over the whole K. K is cut into chunks of NB boxes of BK = 224 k; a
+//  * A CTA owns 16 weight rows over the whole K. K is cut into chunks of NB boxes of BK k; a
 //    stage of the ring holds one chunk of the 16 rows and of the activation rows.
 //  * One loader thread issues, per box, one 2-D tensor-map copy (cp.async.bulk.tensor, the TMA
-//    engine) of 16 rows x 224 k (7 KB) of W and one of MT tokens x 224 k of the activation,
+//    engine) of 16 rows x BK k (7-8 KB) of W and one of MT tokens x BK k of the activation,
 //    completing on the stage's "full" mbarrier. Few large copies matter: a version with one 1-D
 //    bulk copy per row and chunk (16 + M copies of 0.5-2 KB per stage) took 20.1 / 11.8 / 10.5 us
 //    at M=1 for 0.5 / 1 / 2 KB copies, about 45 ns per copy in each SM's TMA engine, and grew with M
@@ -18,24 +18,24 @@
 //    k = 8t..8t+7 of weight rows g, g+8 and token g) and issues mma.sync.m16n8k16; then it
 //    arrives on the stage's "empty" mbarrier, and the loader refills the stage.
 //  * BK = 224 makes a box row 448 bytes (= 64 mod 128): the 8 lanes of a 128-bit load phase (two
-//    rows x 64 bytes) hit 32 distinct banks with no padding (TMA boxes land densely).
+//    rows x 64 bytes) hit 32 distinct banks with no padding (TMA boxes land densely). BK = 256
+//    keeps every row 128-byte aligned in global memory, at a 2-way bank conflict.
 //  * The compute warps' partials are summed in a fixed order (reduce.cuh): bit-identical repeats.
 //
 // Launch contract (slim_kernel/jit/catalogue.py, family "tma"):
 //   grid (ceil(N / 16), 1, 1), block 32 * (CW + 1), dynamic smem = tma_smem_bytes(NT, NB, STAGES, CW);
-//   act_map: bf16 dims (K, M), row stride lda * 2 bytes, box (224, 8 * NT), no swizzle;
-//   w_map: bf16 dims (K, N), row stride ldw * 2 bytes, box (224, 16), no swizzle.
+//   act_map: bf16 dims (K, M), row stride lda * 2 bytes, box (BK, 8 * NT), no swizzle;
+//   w_map: bf16 dims (K, N), row stride ldw * 2 bytes, box (BK, 16), no swizzle.
 //   Requirements: K % 8 == 0, lda % 8 == 0, ldw % 8 == 0, act/w 16-byte aligned, M <= 8*NT.
 #pragma once
 #include "reduce.cuh"
 
 namespace slim {
 
-constexpr int kTmaBoxK = 224;
 __host__ __device__ constexpr int tma_barrier_bytes(int stages) { return (stages * 16 + 127) / 128 * 128; }
-__host__ __device__ constexpr int tma_stage_bytes(int nt, int nb) { return nb * (16 + 8 * nt) * kTmaBoxK * 2; }
-__host__ __device__ constexpr int tma_smem_bytes(int nt, int nb, int stages, int cw) {
-    return tma_barrier_bytes(stages) + stages * tma_stage_bytes(nt, nb) + cw * nt * 512;
+__host__ __device__ constexpr int tma_stage_bytes(int nt, int nb, int bk) { return nb * (16 + 8 * nt) * bk * 2; }
+__host__ __device__ constexpr int tma_smem_bytes(int nt, int nb, int bk, int stages, int cw) {
+    return tma_barrier_bytes(stages) + stages * tma_stage_bytes(nt, nb, bk) + cw * nt * 512;
 }
 
 // CUtensorMap as the kernel sees it (NVRTC has no cuda.h).
@@ -43,22 +43,22 @@ struct __align__(64) TmaDesc {
     unsigned long long v[16];
 };
 
-template <int NT, int NB, int STAGES, int CW, bool OUT_BF16>
+template <int NT, int NB, int BK, int STAGES, int CW, bool OUT_BF16>
 __device__ __forceinline__ void tma_gemm(const TmaDesc* act_map, const TmaDesc* w_map, void* __restrict__ out, int M,
                                          int N, int K, int ldo) {
-    static_assert(NT >= 1 && NT <= 8 && NB >= 1 && STAGES >= 2 && CW >= 1, "bad tma config");
+    static_assert(NT >= 1 && NT <= 8 && NB >= 1 && BK % 32 == 0 && BK <= 256 && STAGES >= 2 && CW >= 1, "bad tma config");
     constexpr int ROWS = 16;
     constexpr int MT = 8 * NT;
-    constexpr int PITCH = kTmaBoxK * 2;
+    constexpr int PITCH = BK * 2;
     constexpr int WBOX = ROWS * PITCH;  // bytes of one weight box
     constexpr int XBOX = MT * PITCH;    // bytes of one activation box
-    constexpr int STAGE = tma_stage_bytes(NT, NB);
-    constexpr int KC = NB * kTmaBoxK;  // k per stage
-    constexpr int BPB = kTmaBoxK / 32;  // 32-k blocks per box
+    constexpr int STAGE = tma_stage_bytes(NT, NB, BK);
+    constexpr int KC = NB * BK;  // k per stage
+    constexpr int BPB = BK / 32;  // 32-k blocks per box
 
     extern __shared__ __align__(128) unsigned char smem[];
     pdl_launch_dependents();
-    require_smem((unsigned)tma_smem_bytes(NT, NB, STAGES, CW));
+    require_smem((unsigned)tma_smem_bytes(NT, NB, BK, STAGES, CW));
 
     const int lane = threadIdx.x & 31;
     const int warp = threadIdx.x >> 5;
@@ -80,15 +80,15 @@ __device__ __forceinline__ void tma_gemm(const TmaDesc* act_map, const TmaDesc* 
 
     if (warp == 0) {
         if (lane != 0) return;
-        // Stage layout: NB weight boxes [16 rows][224 k], then NB activation boxes [MT][224 k].
+        // Stage layout: NB weight boxes [16 rows][BK k], then NB activation boxes [MT][BK k].
         auto weights = [&](int c, int s) {
             mbar_arrive_expect_tx(bars + 8 * s, (unsigned)STAGE);
             for (int b = 0; b < NB; ++b)
-                tma_load_2d(ring + s * STAGE + b * WBOX, w_map, c * KC + b * kTmaBoxK, row0, bars + 8 * s);
+                tma_load_2d(ring + s * STAGE + b * WBOX, w_map, c * KC + b * BK, row0, bars + 8 * s);
         };
         auto tokens = [&](int c, int s) {
             for (int b = 0; b < NB; ++b)
-                tma_load_2d(ring + s * STAGE + NB * WBOX + b * XBOX, act_map, c * KC + b * kTmaBoxK, 0, bars + 8 * s);
+                tma_load_2d(ring + s * STAGE + NB * WBOX + b * XBOX, act_map, c * KC + b * BK, 0, bars + 8 * s);
         };
         const int pre = chunks < STAGES ? chunks : STAGES;
         for (int c = 0; c < pre; ++c) weights(c, c);
