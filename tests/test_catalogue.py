@@ -41,7 +41,6 @@ def test_instances_are_unique_and_bucketed():
     assert mts == {1, 2, 4, 8, 16}
     assert {op for op, _ in pairs} == {ROUTER, FUSED_A}
     assert {op for op, i in pairs if dict(i.defines)["SK_FAMILY"] == 1} == {ROUTER}
-    assert {op for op, i in pairs if dict(i.defines)["SK_FAMILY"] == 2} == {FUSED_A}
 
 
 def test_geometry():
@@ -49,13 +48,6 @@ def test_geometry():
     assert cat.Skinny(rt=1, warps=4).geometry(256, 7168, 132) == ((16, 8, 1), (128, 1, 1), (1, 8, 1))
     assert cat.Narrow(rows=3).geometry(384, 7168, 132) == ((128, 1, 1), (448, 1, 1), None)
     assert cat.Skinny(stages=16, warps=8).stages_for(9) < 16 <= cat.Skinny(stages=16, warps=8).stages_for(1) + 1
-    assert cat.Tma(warps=8).geometry(2112, 7168, 132) == ((132, 1, 1), (288, 1, 1), None)
-    assert cat.Tma(boxes=8, stages=4).max_m() == 8 and cat.Tma(boxes=2).max_m() == cat.MAX_M
-    assert cat.Tma(boxes=2, stages=10).stages_for(1) == 10 > cat.Tma(boxes=2, stages=10).stages_for(17) >= 2
-    # the maps: activation (K, M) box (224, 8*NT), weight (K, N) box (224, 16), byte row strides
-    assert cat.Tma().tensor_maps(3, 2112, 7168, 7176, 7168) == (((7168, 3), (14352,), (224, 8), "256B"),
-                                                                ((7168, 2112), (14336,), (224, 16), "256B"))
-    assert cat.Tma(l2=0).tensor_maps(1, 16, 64, 64, 64)[1][3] == "none"
 
 
 def test_rules_parse_and_reject():
@@ -64,8 +56,7 @@ def test_rules_parse_and_reject():
     assert cat.rule_for(rules, 9) == cat.Skinny(rt=1, stages=8)
     for bad, match in [("rt=0", "rt 1..8"), ("8:rt=1", "cover M up to"), ("foo=1", "keys of kernel=skinny"),
                        ("kernel=narrow,tokens=8", "serves M <= 8"), ("kernel=narrow,tokens=9", "tokens 4, 8 or 16"),
-                       ("kernel=bogus", "kernel must be one of"), ("kernel=tma", "does not serve"),
-                       ("kernel=tma,boxes=9", "boxes 1..8"), ("rt=x", "want an integer"), ("x:rt=1", "MAXM")]:
+                       ("kernel=bogus", "kernel must be one of"), ("rt=x", "want an integer"), ("x:rt=1", "MAXM")]:
         with pytest.raises(ValueError, match=match):
             cat.parse_rules(bad, ROUTER)
 
@@ -102,14 +93,12 @@ def test_smem_formulas_match_the_kernels(tmp_path):
                 d = dict(cfg.instance(op, m, cat.OUT_DTYPES[op][0]).defines)
                 if isinstance(cfg, cat.Skinny):
                     expr = f"slim::skinny_smem_bytes({d['SK_RT']}, {d['SK_NT']}, {d['SK_STAGES']}, {cfg.warps})"
-                elif isinstance(cfg, cat.Tma):
-                    expr = f"slim::tma_smem_bytes({d['SK_NT']}, {d['SK_NB']}, {d['SK_BK']}, {d['SK_STAGES']}, {d['SK_CW']})"
                 else:
                     expr = f"slim::narrow_smem_bytes({d['SK_ROWS']}, {d['SK_MT']}, {d['SK_THREADS']})"
                 cases.append((expr, cfg.smem(m)))
     src = tmp_path / "formulas.cu"
     body = "\n".join(f'    printf("%d\\n", {expr});' for expr, _ in cases)
-    src.write_text('#include <cstdio>\n#include "skinny_gemm.cuh"\n#include "narrow_gemm.cuh"\n#include "tma_gemm.cuh"\n'
+    src.write_text('#include <cstdio>\n#include "skinny_gemm.cuh"\n#include "narrow_gemm.cuh"\n'
                    f'int main() {{\n{body}\n    return 0;\n}}\n')
     exe = tmp_path / "formulas"
     proc = subprocess.run([_nvcc(), "-std=c++17", "-I", str(KERNELS), str(src), "-o", str(exe)],

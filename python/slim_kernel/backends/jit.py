@@ -13,7 +13,6 @@ Environment (read when a call is first planned; ``set_config`` changes the rules
 
 from __future__ import annotations
 
-import functools
 import os
 
 import torch
@@ -89,29 +88,11 @@ def _prepare(op: str, output: torch.Tensor, act: torch.Tensor, n: int, ldw: int,
     launch, pdl = kernel.launch, knobs.pdl()
     lda = act.stride(0) if m > 1 else k
     ldo = output.stride(0)
-    maps = getattr(cfg, "tensor_maps", None)
-    if maps is not None:
-        (a_geom, w_geom) = maps(m, n, k, lda, ldw)
-
-        def run(output, act, w):
-            launch(grid, block, (_tensor_map(act.data_ptr(), *a_geom), _tensor_map(w.data_ptr(), *w_geom),
-                                 output.data_ptr(), m, n, k, lda, ldw, ldo),
-                   stream=_raw_stream(dev), smem=smem, pdl=pdl, cluster=cluster)
-        return run
 
     def run(output, act, w):
         launch(grid, block, (act.data_ptr(), w.data_ptr(), output.data_ptr(), m, n, k, lda, ldw, ldo),
                stream=_raw_stream(dev), smem=smem, pdl=pdl, cluster=cluster)
     return run
-
-
-@functools.lru_cache(maxsize=4096)
-def _tensor_map(ptr: int, dims: tuple, strides_bytes: tuple, box: tuple, l2_promotion: str):
-    """A bf16 tensor map (no swizzle, OOB zeros), encoded once per address and geometry: weights are
-    long-lived, and a map holds nothing but the address and the geometry, so reuse is exact."""
-    from ..jit import tensor_map
-
-    return tensor_map(ptr, dims, strides_bytes, box, dtype="bf16", swizzle="none", l2_promotion=l2_promotion)
 
 
 def prepare_router(args, variant: str | None):

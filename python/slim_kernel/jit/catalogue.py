@@ -7,16 +7,13 @@ in ``kernels/`` (design notes there):
 
   skinny  per-thread cp.async ring, swap-AB mma.sync, split-K over warps and a cluster (both ops)
   narrow  a CTA per few rows over the whole K, CUDA-core FMAs, no cluster (router, M <= 16)
-  tma     a loader thread streaming 16-row tensor-map boxes into an mbarrier ring,
-          compute warps on mma.sync (fused-A)
 
-(Earlier tensor-map and 1-D bulk-copy designs with small copies lost on the H200 and were removed;
-benchmark/results/h200/NOTES_kernels.md has their numbers and profiles.)
+(A tensor-map/mbarrier design for fused-A lost on the H200 by 1.5-4 us at every M and was
+removed; benchmark/results/h200/NOTES_kernels.md has its numbers and profile.)
 
 A family config is a frozen dataclass with ``instance(op, m, out_dtype)``, ``geometry(n, k,
 sm_count)`` and ``smem(m)`` (mirrors of the ``*_smem_bytes`` formulas in the ``.cuh`` files; the
-kernels trap when launched with less); a family whose kernel takes tensor maps also has
-``tensor_maps(m, n, k, lda, ldw)``. Tile rules (``"8:kernel=narrow,rows=2;16:rt=1,stages=8"``)
+kernels trap when launched with less). Tile rules (``"8:kernel=narrow,rows=2;16:rt=1,stages=8"``)
 map M ranges to configs; the measured routing table (``slim_kernel/routing.py``) names a
 configuration from :data:`VARIANTS` per shape and M.
 """
@@ -119,55 +116,8 @@ class Narrow:
         return self.rows * _mt(m) * self.threads * 4
 
 
-@dataclass(frozen=True)
-class Tma:
-    kernel = "tma"
-    ops = (FUSED_A,)
-    boxes: int = 2  # tensor-map boxes per ring stage (compile-time)
-    box_k: int = 224  # k per box: 224 = 448-byte rows, conflict-free shared loads; 256 = 128-byte-aligned rows
-    l2: int = 256  # L2 promotion of the maps' requests in bytes: 0, 64, 128 or 256 (launch-time)
-    stages: int = 8  # ring depth (compile-time; fewer where M's activation rows would not fit)
-    warps: int = 8  # compute warps, plus one loader warp (compile-time)
-    signature = "ttpiiiiii"  # act_map, w_map, out, M, N, K, ld_act, ld_w, ld_out
-
-    def __post_init__(self):
-        _check(1 <= self.boxes <= 8 and self.box_k % 32 == 0 and 32 <= self.box_k <= 256 and 2 <= self.stages <= 32
-               and 1 <= self.warps <= 9 and self.l2 in (0, 64, 128, 256), self,
-               "need boxes 1..8, box_k a multiple of 32 in 32..256, stages 2..32, warps 1..9, l2 0/64/128/256")
-
-    def max_m(self) -> int:
-        """The largest token bucket whose two-stage ring fits in shared memory."""
-        return next(m for m in (MAX_M, 32, 16, 8) if self._fixed(m) + 2 * self._stage(m) <= MAX_SMEM)
-
-    def _stage(self, m: int) -> int:  # tma_stage_bytes in kernels/tma_gemm.cuh
-        return self.boxes * (16 + 8 * token_tiles(m)) * self.box_k * 2
-
-    def _fixed(self, m: int) -> int:  # tma_barrier_bytes + the compute warps' partials
-        return _cdiv(self.stages * 16, 128) * 128 + self.warps * token_tiles(m) * 512
-
-    def stages_for(self, m: int) -> int:
-        return max(2, min(self.stages, (MAX_SMEM - self._fixed(m)) // self._stage(m)))
-
-    def instance(self, op: str, m: int, out_dtype: str) -> KernelInstance:
-        return _make(op, out_dtype, self.signature, entry_suffix="_tma", SK_FAMILY=2, SK_NT=token_tiles(m),
-                     SK_NB=self.boxes, SK_BK=self.box_k, SK_STAGES=self.stages_for(m), SK_CW=self.warps)
-
-    def geometry(self, n: int, k: int, sm_count: int) -> tuple[tuple, tuple, tuple | None]:
-        return (_cdiv(n, 16), 1, 1), (32 * (self.warps + 1), 1, 1), None
-
-    def smem(self, m: int) -> int:  # tma_smem_bytes in kernels/tma_gemm.cuh
-        stages = self.stages_for(m)
-        return _cdiv(stages * 16, 128) * 128 + stages * self._stage(m) + self.warps * token_tiles(m) * 512
-
-    def tensor_maps(self, m: int, n: int, k: int, lda: int, ldw: int) -> tuple[tuple, tuple]:
-        """(dims, strides_bytes, box, l2 promotion) of the activation and weight maps (bf16, no swizzle,
-        out-of-bounds zeros)."""
-        l2 = f"{self.l2}B" if self.l2 else "none"
-        return ((k, m), (lda * 2,), (self.box_k, 8 * token_tiles(m)), l2), ((k, n), (ldw * 2,), (self.box_k, 16), l2)
-
-
-GemmConfig = Skinny | Narrow | Tma
-FAMILIES: dict[str, type] = {cls.kernel: cls for cls in (Skinny, Narrow, Tma)}
+GemmConfig = Skinny | Narrow
+FAMILIES: dict[str, type] = {cls.kernel: cls for cls in (Skinny, Narrow)}
 
 
 def _partials(rt: int, nt: int, warps: int) -> int:  # partials_bytes in kernels/reduce.cuh
@@ -178,12 +128,10 @@ def _mt(m: int) -> int:
     return 1 if m <= 1 else 2 if m <= 2 else 4 if m <= 4 else 8 if m <= 8 else 16
 
 
-def _make(op: str, out_dtype: str, signature: str = POINTER_SIGNATURE, entry_suffix: str = "",
-          **defines) -> KernelInstance:
+def _make(op: str, out_dtype: str, signature: str = POINTER_SIGNATURE, **defines) -> KernelInstance:
     if out_dtype not in OUT_DTYPES[op]:
         raise ValueError(f"{op} has no {out_dtype} output (only {', '.join(OUT_DTYPES[op])})")
     source, entry = SOURCES[op]
-    entry = entry.removesuffix("_kernel") + entry_suffix + "_kernel"
     if op == ROUTER:
         defines["SK_OUT_BF16"] = int(out_dtype == "bfloat16")
     return KernelInstance.make(source, entry, signature, **defines)
@@ -255,11 +203,6 @@ VARIANTS: dict[str, dict[str, GemmConfig]] = {
     FUSED_A: {
         "skinny": Skinny(rt=1, stages=8, warps=8, split=1),
         "skinny_w10": Skinny(rt=1, stages=6, warps=10, split=1),
-        "tma": Tma(boxes=2, stages=10, warps=8),
-        "tma_b4": Tma(boxes=4, stages=5, warps=8),
-        "tma_k256": Tma(boxes=2, box_k=256, stages=8, warps=8),
-        "tma_k256b4": Tma(boxes=4, box_k=256, stages=4, warps=8),
-        "tma_l2none": Tma(boxes=4, stages=5, warps=8, l2=0),
     },
 }
 FALLBACK_VARIANT = "skinny"  # serves every M of both ops: the choice where nothing was measured

@@ -86,52 +86,6 @@ __device__ __forceinline__ unsigned mapa(unsigned local_addr, unsigned rank) {
     return remote;
 }
 
-// mbarriers and tensor-map copies (the TMA engine), for tma_gemm.cuh.
-__device__ __forceinline__ void mbar_init(unsigned bar, unsigned count) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(bar), "r"(count) : "memory");
-}
-__device__ __forceinline__ void fence_mbar_init() { asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory"); }
-// One arrival, and `bytes` more expected from bulk copies before the phase completes.
-__device__ __forceinline__ void mbar_arrive_expect_tx(unsigned bar, unsigned bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" :: "r"(bar), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void mbar_arrive(unsigned bar) {
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(bar) : "memory");
-}
-__device__ __forceinline__ bool mbar_try_wait(unsigned bar, unsigned parity) {
-    unsigned done;
-    asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-                 : "=r"(done) : "r"(bar), "r"(parity) : "memory");
-    return done != 0;
-}
-__device__ __forceinline__ unsigned long long globaltimer_ns() {
-    unsigned long long t;
-    asm volatile("mov.u64 %0, %%globaltimer;\n" : "=l"(t));
-    return t;
-}
-// Waits for the phase of `parity` to complete. A phase that never completes (a copy lost to a
-// layout bug) traps after 20 s instead of hanging the stream; no producer kernel of a decode
-// step runs that long.
-__device__ __forceinline__ void mbar_wait(unsigned bar, unsigned parity) {
-    if (mbar_try_wait(bar, parity)) return;
-    const unsigned long long t0 = globaltimer_ns();
-    while (!mbar_try_wait(bar, parity))
-        if (globaltimer_ns() - t0 > 20000000000ull) asm volatile("trap;");
-}
-// One box of a 2-D tensor map at element coordinates (c0 innermost, c1) into shared memory,
-// completing on bar. `map` is the generic address of a __grid_constant__ kernel parameter.
-__device__ __forceinline__ void tma_load_2d(unsigned dst, const void* map, int c0, int c1, unsigned bar) {
-    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n"
-                 :: "r"(dst), "l"(map), "r"(c0), "r"(c1), "r"(bar) : "memory");
-}
-__device__ __forceinline__ void prefetch_tensormap(const void* map) {
-    asm volatile("prefetch.tensormap [%0];\n" :: "l"(map) : "memory");
-}
-// Barrier over `threads` threads (a multiple of 32) of the CTA, id 1..15 (0 is __syncthreads).
-__device__ __forceinline__ void named_barrier_sync(int id, int threads) {
-    asm volatile("bar.sync %0, %1;\n" :: "r"(id), "r"(threads) : "memory");
-}
-
 template <bool OUT_BF16>
 __device__ __forceinline__ void store_out(void* out, long long idx, float v) {
     if constexpr (OUT_BF16) {
