@@ -98,7 +98,7 @@ def _launch_both(op, cfg, out_jit, out_aot, act, w_ptr, ld_w, n, pdl):
 def pdl_knob():
     from slim_kernel import knobs
 
-    old = knobs.pdl()
+    old = knobs.pdl_setting()
     yield knobs.set_pdl
     knobs.set_pdl(old)
 

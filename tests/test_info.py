@@ -23,7 +23,7 @@ def test_info_json_has_a_schema_and_the_sections():
     assert report["schema"] == 1 and report["errors"] == []
     for key in ("slim_kernel", "torch", "flashinfer", "bmm_fp8_fast_path", "knobs", "jit", "routing_tables", "devices"):
         assert key in report
-    assert report["knobs"]["pdl"] is True
+    assert report["knobs"]["pdl"] == "auto"
     assert report["bmm_fp8_fast_path"]["bmm_fp8_fast_path"] in ("on", "off", "untested")
 
 

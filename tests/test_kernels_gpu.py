@@ -60,9 +60,9 @@ def _ref(act, w_nk):
     return act.double() @ w_nk.double().t()
 
 
-@pytest.fixture(params=[True, False], ids=["pdl", "nopdl"])
+@pytest.fixture(params=[True, False, "auto"], ids=["pdl", "nopdl", "auto"])
 def pdl(request):
-    old = knobs.pdl()
+    old = knobs.pdl_setting()
     knobs.set_pdl(request.param)
     yield request.param
     knobs.set_pdl(old)

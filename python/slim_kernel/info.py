@@ -30,7 +30,7 @@ def _knobs() -> tuple[dict, list[str]]:
     from .jit import runtime
     from .names import FUSED_A, OPS, ROUTER
 
-    values, errors = {"pdl": knobs.pdl()}, []
+    values, errors = {"pdl": knobs.pdl_setting()}, []
     if knobs.STATE.error:
         errors.append(knobs.STATE.error)
     for op in OPS:

@@ -28,11 +28,12 @@ def parse_bool(name: str, value: str | None, default: bool) -> bool:
 
 
 class _State:
-    __slots__ = ("generation", "pdl", "error")
+    __slots__ = ("generation", "pdl", "pdl_auto", "error")
 
     def __init__(self):
         self.generation = 0
         self.pdl = True
+        self.pdl_auto = True  # under graph capture, PDL only after a PDL-aware producer (backends/_pdl.py)
         self.error: str | None = None  # a malformed knob in the environment
 
 
@@ -41,10 +42,13 @@ STATE = _State()
 
 def load_env() -> None:
     """(Re)read the knobs from the environment; a malformed value is kept for :func:`check_env`."""
-    try:
-        STATE.pdl, STATE.error = parse_bool(ENV_PDL, os.environ.get(ENV_PDL), True), None
-    except ValueError as exc:
-        STATE.pdl, STATE.error = True, str(exc)
+    value = os.environ.get(ENV_PDL)
+    STATE.pdl, STATE.pdl_auto, STATE.error = True, True, None
+    if value is not None and value.strip().lower() not in ("", "auto"):
+        try:
+            STATE.pdl, STATE.pdl_auto = parse_bool(ENV_PDL, value, True), False
+        except ValueError as exc:
+            STATE.error = f"{exc} (or auto)"
     bump()
 
 
@@ -59,7 +63,8 @@ def bump() -> None:
 
 
 def pdl() -> bool:
-    """Programmatic dependent launch for our JIT kernels and flashinfer's (default on).
+    """Whether our JIT kernels and flashinfer's may launch with programmatic dependent launch
+    (default yes; ``SLIM_KERNEL_PDL=auto|1|0``).
 
     With PDL a GEMM starts streaming its weights while the previous kernel on the stream is
     finishing, and reads its activation only after that kernel completes. The weights must
@@ -68,8 +73,23 @@ def pdl() -> bool:
     return STATE.pdl
 
 
-def set_pdl(enabled: bool) -> None:
-    STATE.pdl = bool(enabled)
+def pdl_auto() -> bool:
+    """``auto`` (the default): eager launches use PDL; a launch under CUDA-graph capture uses it
+    only when the kernel it follows was itself launched with PDL (``backends/_pdl.py``)."""
+    return STATE.pdl and STATE.pdl_auto
+
+
+def pdl_setting() -> bool | str:
+    """The setting as :func:`set_pdl` takes it: ``"auto"``, True (always) or False (never)."""
+    return "auto" if pdl_auto() else STATE.pdl
+
+
+def set_pdl(enabled: bool | str) -> None:
+    """``"auto"``, True (every launch with PDL) or False (none)."""
+    if enabled == "auto":
+        STATE.pdl, STATE.pdl_auto = True, True
+    else:
+        STATE.pdl, STATE.pdl_auto = bool(enabled), False
     bump()
 
 

@@ -14,7 +14,7 @@ from flashinfer.gemm import (
     tinygemm_bf16,
 )
 
-from .. import knobs
+from ._pdl import launch_pdl
 from .flashinfer_fastpath import bmm_fp8, fast_path_state  # noqa: F401  (bmm_fp8 is this backend's)
 
 # (num_experts, out dtype) -> flashinfer router kernel; all take K = 7168 and M in 1..16.
@@ -26,14 +26,14 @@ ROUTER_KERNELS = {
 }
 
 
-# Both GEMMs launch with PDL when our knob is on (knobs.pdl(): the weights are parameters, not
-# written by the kernel before): the way the routing table measured them.
+# Both GEMMs launch with PDL as ours do (_pdl.launch_pdl: the knob, and under capture only after a
+# PDL-aware producer; the weights are parameters, not written by the kernel before).
 def dsv3_router_gemm(output: torch.Tensor, hidden_states: torch.Tensor, router_weights: torch.Tensor) -> None:
     kernel = ROUTER_KERNELS[(router_weights.shape[0], output.dtype)]
     # flashinfer wants a dense (M, K) activation and the (K, E) column-major weight view.
-    kernel(hidden_states.contiguous(), router_weights.t(), output, launch_with_pdl=knobs.pdl())
+    kernel(hidden_states.contiguous(), router_weights.t(), output, launch_with_pdl=launch_pdl(device=output.device))
 
 
 def dsv3_fused_a_gemm(output: torch.Tensor, mat_a: torch.Tensor, mat_b: torch.Tensor) -> None:
     # tinygemm computes input @ weight.T with a contiguous (N, K) weight: mat_b.T, no copy.
-    tinygemm_bf16(mat_a.contiguous(), mat_b.t(), output, use_pdl=knobs.pdl())
+    tinygemm_bf16(mat_a.contiguous(), mat_b.t(), output, use_pdl=launch_pdl(device=output.device))

@@ -20,6 +20,7 @@ import torch
 from .. import knobs
 from ..jit import catalogue as cat
 from ..names import FUSED_A, ROUTER
+from ._pdl import launch_pdl
 
 _INT32_MAX = 2**31 - 1
 _RULES: dict[str, cat.Rules | None] = {}  # op -> rules set at run time or from the environment
@@ -85,9 +86,16 @@ def _prepare(op: str, output: torch.Tensor, act: torch.Tensor, n: int, ldw: int,
     smem = cfg.smem(m)
     if smem > cat.MAX_SMEM:
         raise ValueError(f"{op}: JIT config {cfg} needs {smem} bytes of shared memory at M={m} (max {cat.MAX_SMEM})")
-    launch, pdl = kernel.launch, knobs.pdl()
+    launch = kernel.launch
     lda = act.stride(0) if m > 1 else k
     ldo = output.stride(0)
+    if knobs.pdl_auto():
+        def run(output, act, w):
+            stream = _raw_stream(dev)
+            launch(grid, block, (act.data_ptr(), w.data_ptr(), output.data_ptr(), m, n, k, lda, ldw, ldo),
+                   stream=stream, smem=smem, pdl=launch_pdl(stream), cluster=cluster)
+        return run
+    pdl = knobs.pdl()
 
     def run(output, act, w):
         launch(grid, block, (act.data_ptr(), w.data_ptr(), output.data_ptr(), m, n, k, lda, ldw, ldo),
