@@ -96,15 +96,17 @@ def default(case: Case, x, out):
     return lambda w: (lambda: sk.dsv3_fused_a_gemm(x, w.t(), output=out))
 
 
-def default_choice(case: Case, x, out) -> str:
+def default_choice(case: Case, x, out, pdl: bool) -> str:
+    """What the default path runs in a launch context (slim_kernel.pdl: after a PDL-aware
+    producer under capture, or eager, ``pdl`` is True; after a plain producer False)."""
     import torch
 
     import slim_kernel.ops  # noqa: F401  (registers the ops' backends)
     from slim_kernel import registry
 
     args = (out, x, case.gemm_arg(case.weights[0]))
-    sel = registry.select(case.op, x.device, args)
-    dec = registry.decision(case.op, torch.device("cuda", x.device.index or 0), args)
+    sel = registry.select(case.op, x.device, args, pdl=pdl)
+    dec = registry.decision(case.op, torch.device("cuda", x.device.index or 0), args, pdl)
     best = dec.point.best(sel.spec.backend.value) if dec else None
     return f"{sel.spec.backend.value}:{best[0]}" if best and best[0] else sel.spec.backend.value
 
@@ -170,9 +172,8 @@ def measure_default(report, measured: list[tuple]) -> None:
     for case, m, x, out, producers in measured:
         try:
             make = default(case, x, out)
-            choice = default_choice(case, x, out)
             for r in rows[(case.op, json.dumps({**case.shape, "m": m}, sort_keys=True))]:
-                r.choice = {"default": choice}
+                r.choice = {"default": default_choice(case, x, out, r.producer != "plain")}
                 calls = [make(w) for w in case.weights]
                 r.us["default"] = (H.time_decode_step(producers[r.producer], calls) if r.pattern == "decode"
                                    else H.time_graph(calls))

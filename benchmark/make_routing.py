@@ -4,11 +4,12 @@
         [--table python/slim_kernel/tables/routing_sm90.json] [--summary benchmark/results/h200/decode_step_summary.json]
 
 RESULTS are ``bench_gemm.py`` JSONs (one per flashinfer version). The table (read by
-``slim_kernel/routing.py``) gets, per op, shape, M, flashinfer version and PDL state, the µs of
-every candidate the registry can run, from the decode-step rows with the PDL-unaware producer
-(the pattern every model has): ``jit:<variant>`` (our kernels, launched as the JIT backend does),
-``flashinfer`` (as our flashinfer backend launches it: with PDL when the knob is on) and
-``torch`` (our torch reference backend). Rows of other flashinfer versions already in the table
+``slim_kernel/routing.py``) gets, per op, shape, M, flashinfer version and launch context, the µs
+of every candidate the registry can run, from the decode-step rows: ``pdl: true`` after the
+PDL-aware producer with PDL launches, ``pdl: false`` after the PDL-unaware producer without
+(the two cases slim_kernel/pdl.py tells apart under capture); candidates ``jit:<variant>`` (our
+kernels, launched as the JIT backend does), ``flashinfer`` (as our flashinfer backend launches
+it) and ``torch`` (our torch reference backend). Rows of other flashinfer versions already in the table
 are kept, so the 0.7.2.post1 and 0.7.4 runs merge into one file.
 
 The summary has one row per measured decode-step point (both producers): the default path's
@@ -65,12 +66,18 @@ def _decode_rows(report: dict, producer: str):
 
 
 def table_entries(report: dict) -> list[dict]:
+    """Per point, the two launch contexts slim_kernel.pdl tells apart: ``pdl: true`` from the rows
+    after the PDL-aware producer (PDL launches; past M=16, where only the plain producer is
+    timed, after the plain one), ``pdl: false`` from the rows after the plain producer (launches
+    without PDL)."""
     version = report["versions"].get("flashinfer", "not installed")
+    after_pdl = {(r["op"], json.dumps(r["shape"], sort_keys=True)): r for r in _decode_rows(report, "pdl")}
     entries = []
     for row in _decode_rows(report, "plain"):
         shape = {k: v for k, v in row["shape"].items() if k != "m"}
         for pdl in (True, False):
-            us = candidates(row["op"], row["us"], pdl)
+            src = after_pdl.get((row["op"], json.dumps(row["shape"], sort_keys=True)), row) if pdl else row
+            us = candidates(row["op"], src["us"], pdl)
             if us:
                 entries.append({"op": row["op"], "shape": shape, "m": row["shape"]["m"], "flashinfer": version,
                                 "pdl": pdl, "us": us})

@@ -1,10 +1,10 @@
-"""The PDL knob (SLIM_KERNEL_PDL=auto|1|0) and the per-launch decision of backends/_pdl.py (CPU)."""
+"""The PDL knob (SLIM_KERNEL_PDL=auto|1|0) and the per-launch decision of slim_kernel/pdl.py (CPU)."""
 
 import pytest
 import torch
 
 from slim_kernel import knobs
-from slim_kernel.backends import _pdl
+from slim_kernel import pdl as _pdl
 
 
 @pytest.fixture(autouse=True)

@@ -111,8 +111,8 @@ def test_routing_table_ranks_eligible_backends(fake_op, monkeypatch):
     tab = routing.Table({"schema": 1, "arch": "sm_90", "entries": [
         {"op": op, "shape": {"k": 4}, "m": 2, "flashinfer": "0.7.4", "pdl": True,
          "us": {"jit:a": 5.0, "torch": 3.0}}]}, "test")
-    monkeypatch.setattr(registry, "decision", lambda o, d, args: tab.lookup(
-        o, {"k": args[1].shape[1]}, args[1].shape[0], "0.7.4", True))
+    monkeypatch.setattr(registry, "decision", lambda o, d, args, pdl=None: tab.lookup(
+        o, {"k": args[1].shape[1]}, args[1].shape[0], "0.7.4", True if pdl is None else pdl))
     sel = registry.select(op, CPU, (None, torch.empty(2, 4)))
     assert sel.spec.backend is KernelBackend.TORCH and "torch 3.00 us" in sel.why
     assert _pick(op, 3) == "torch"  # M=3: the nearest measured M (2) decides
@@ -145,3 +145,21 @@ def test_bad_backend_argument_types():
         slim_kernel.dsv3_router_gemm(h, W, backend=["torch"])
     with pytest.raises(ValueError, match="backend must be one of"):
         slim_kernel.dsv3_router_gemm(h, W, backend="cuda")
+
+
+def test_the_launch_context_picks_the_table_points(monkeypatch, fake_op):
+    # pdl: true points (after a PDL-aware producer) and pdl: false points (after a plain one) can
+    # name different winners; select(pdl=...) looks up the context's points.
+    from slim_kernel import routing
+
+    op, _ = fake_op
+    tab = routing.Table({"schema": 1, "arch": "sm_90", "entries": [
+        {"op": op, "shape": {"k": 4}, "m": 2, "flashinfer": "0.7.4", "pdl": True, "us": {"jit:a": 2.0, "torch": 3.0}},
+        {"op": op, "shape": {"k": 4}, "m": 2, "flashinfer": "0.7.4", "pdl": False, "us": {"jit:a": 5.0, "torch": 3.0}},
+    ]}, "test")
+    monkeypatch.setattr(registry, "decision", lambda o, d, args, pdl=None: tab.lookup(
+        o, {"k": args[1].shape[1]}, args[1].shape[0], "0.7.4", True if pdl is None else pdl))
+    args = (None, torch.empty(2, 4))
+    assert registry.select(op, CPU, args, pdl=True).spec.backend is KernelBackend.JIT
+    assert registry.select(op, CPU, args, pdl=False).spec.backend is KernelBackend.TORCH
+    assert registry.select(op, CPU, args).spec.backend is KernelBackend.JIT  # None: the knob (on)

@@ -33,7 +33,7 @@ class _State:
     def __init__(self):
         self.generation = 0
         self.pdl = True
-        self.pdl_auto = True  # under graph capture, PDL only after a PDL-aware producer (backends/_pdl.py)
+        self.pdl_auto = True  # under graph capture, PDL only after a PDL-aware producer (slim_kernel/pdl.py)
         self.error: str | None = None  # a malformed knob in the environment
 
 
@@ -75,7 +75,7 @@ def pdl() -> bool:
 
 def pdl_auto() -> bool:
     """``auto`` (the default): eager launches use PDL; a launch under CUDA-graph capture uses it
-    only when the kernel it follows was itself launched with PDL (``backends/_pdl.py``)."""
+    only when the kernel it follows was itself launched with PDL (``slim_kernel/pdl.py``)."""
     return STATE.pdl and STATE.pdl_auto
 
 

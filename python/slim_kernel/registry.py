@@ -12,7 +12,7 @@ calls it accepts (``check``: shape, dtype, layout). Selection is deterministic:
 
 A spec whose implementation fails to load (no flashinfer, no CUDA compiler, a broken install)
 is skipped with one warning, unless pinned. A spec's ``target`` is either the implementation
-``fn(output, *inputs)`` or, with ``prepare=True``, a factory ``prepare(args, variant) -> fn``
+``fn(output, *inputs)`` or, with ``prepare=True``, a factory ``prepare(args, variant, pdl) -> fn``
 called once per call signature (the op layer caches what :func:`select` returns).
 """
 
@@ -82,7 +82,7 @@ class KernelSpec:
     max_sm: tuple[int, int] | None = None  # inclusive
     check: CallCheck | None = None
     probe: Callable[[], str | None] | None = None  # cheap availability check (no heavy import)
-    prepare: bool = False  # target is prepare(args, variant) -> fn
+    prepare: bool = False  # target is prepare(args, variant, pdl) -> fn (pdl None: the knob)
     note: str = ""  # what the backend runs, shown by `slim-kernel info`
 
     def device_reason(self, device: torch.device) -> str | None:
@@ -188,8 +188,9 @@ def _load(spec: KernelSpec) -> tuple[Callable | None, str | None]:
     return fn, None
 
 
-def decision(op: str, device: torch.device, args: Sequence) -> routing.Decision | None:
-    """The routing-table point for this call, or None (no table for the arch, op or M)."""
+def decision(op: str, device: torch.device, args: Sequence, pdl: bool | None = None) -> routing.Decision | None:
+    """The routing-table point for this call, or None (no table for the arch, op or M).
+    ``pdl``: the launch context (slim_kernel.pdl.launch_pdl; default: the knob)."""
     shape_key = _SHAPE_KEYS.get(op)
     if shape_key is None or device.type != "cuda":
         return None
@@ -197,14 +198,14 @@ def decision(op: str, device: torch.device, args: Sequence) -> routing.Decision 
     if tab is None:
         return None
     shape, m = shape_key(*args)
-    return tab.lookup(op, shape, m, routing.flashinfer_version(), knobs.pdl())
+    return tab.lookup(op, shape, m, routing.flashinfer_version(), knobs.pdl() if pdl is None else pdl)
 
 
-def _bind(spec: KernelSpec, fn: Callable, args: Sequence, dec: routing.Decision | None) -> Callable:
+def _bind(spec: KernelSpec, fn: Callable, args: Sequence, dec: routing.Decision | None, pdl: bool | None) -> Callable:
     if not spec.prepare:
         return fn
     best = dec.point.best(spec.backend.value) if dec is not None else None
-    return fn(args, best[0] if best else None)
+    return fn(args, best[0] if best else None, pdl)
 
 
 def _ranked(specs: list[KernelSpec], dec: routing.Decision | None) -> list[KernelSpec]:
@@ -217,7 +218,8 @@ def _ranked(specs: list[KernelSpec], dec: routing.Decision | None) -> list[Kerne
     return [spec for _, spec in sorted(enumerate(specs), key=key)]
 
 
-def ranked(op: str, device: torch.device, args: Sequence) -> tuple[list[KernelSpec], list[str], routing.Decision | None]:
+def ranked(op: str, device: torch.device, args: Sequence,
+           pdl: bool | None = None) -> tuple[list[KernelSpec], list[str], routing.Decision | None]:
     """The eligible specs in the order selection tries them, why the others are not eligible,
     and the routing-table point that ordered them (None: priority order). Loads nothing."""
     specs = _REGISTRY.get(op)
@@ -230,7 +232,7 @@ def ranked(op: str, device: torch.device, args: Sequence) -> tuple[list[KernelSp
             eligible.append(spec)
         else:
             reasons.append(f"{spec.backend.value}: {reason}")
-    dec = decision(op, device, args) if eligible else None
+    dec = decision(op, device, args, pdl) if eligible else None
     return _ranked(eligible, dec), reasons, dec
 
 
@@ -240,8 +242,9 @@ def why(spec: KernelSpec, dec: routing.Decision | None) -> str:
     return "first eligible in priority order"
 
 
-def select(op: str, device: torch.device, args: Sequence, backend=None) -> Selection:
-    """The spec and bound implementation that serve this call, and why."""
+def select(op: str, device: torch.device, args: Sequence, backend=None, pdl: bool | None = None) -> Selection:
+    """The spec and bound implementation that serve this call, and why. ``pdl``: the launch
+    context of a PDL-sensitive op (slim_kernel.pdl.launch_pdl), None for the knob."""
     knobs.check_env()
     pinned, by = pinned_backend(op, backend)
     if pinned is not None:
@@ -254,13 +257,13 @@ def select(op: str, device: torch.device, args: Sequence, backend=None) -> Selec
             fn, reason = _load(spec)
         if reason is not None:
             raise BackendUnavailableError(f"{op}: backend {pinned.value!r} cannot serve this call: {reason}")
-        dec = decision(op, device, args)
-        return Selection(spec, _bind(spec, fn, args, dec), f"pinned by {by}")
-    order, reasons, dec = ranked(op, device, args)
+        dec = decision(op, device, args, pdl)
+        return Selection(spec, _bind(spec, fn, args, dec, pdl), f"pinned by {by}")
+    order, reasons, dec = ranked(op, device, args, pdl)
     for spec in order:
         fn, reason = _load(spec)
         if fn is not None:
-            return Selection(spec, _bind(spec, fn, args, dec), why(spec, dec))
+            return Selection(spec, _bind(spec, fn, args, dec, pdl), why(spec, dec))
         warnings.warn(f"slim_kernel: {op} backend {spec.backend.value!r} {reason}; falling back",
                       RuntimeWarning, stacklevel=3)
         reasons.append(f"{spec.backend.value}: {reason}")

@@ -14,7 +14,7 @@ from flashinfer.gemm import (
     tinygemm_bf16,
 )
 
-from ._pdl import launch_pdl
+from ..pdl import launch_pdl
 from .flashinfer_fastpath import bmm_fp8, fast_path_state  # noqa: F401  (bmm_fp8 is this backend's)
 
 # (num_experts, out dtype) -> flashinfer router kernel; all take K = 7168 and M in 1..16.
@@ -26,7 +26,7 @@ ROUTER_KERNELS = {
 }
 
 
-# Both GEMMs launch with PDL as ours do (_pdl.launch_pdl: the knob, and under capture only after a
+# Both GEMMs launch with PDL as ours do (slim_kernel.pdl.launch_pdl: the knob, and under capture only after a
 # PDL-aware producer; the weights are parameters, not written by the kernel before).
 def dsv3_router_gemm(output: torch.Tensor, hidden_states: torch.Tensor, router_weights: torch.Tensor) -> None:
     kernel = ROUTER_KERNELS[(router_weights.shape[0], output.dtype)]

@@ -20,7 +20,7 @@ import torch
 from .. import knobs
 from ..jit import catalogue as cat
 from ..names import FUSED_A, ROUTER
-from ._pdl import launch_pdl
+from ..pdl import launch_pdl
 
 _INT32_MAX = 2**31 - 1
 _RULES: dict[str, cat.Rules | None] = {}  # op -> rules set at run time or from the environment
@@ -73,8 +73,10 @@ except ImportError:  # pragma: no cover - older/newer torch
         return torch.cuda.current_stream(device_index).cuda_stream
 
 
-def _prepare(op: str, output: torch.Tensor, act: torch.Tensor, n: int, ldw: int, variant: str | None):
-    """fn(output, act, w) launching the configured kernel for this call signature."""
+def _prepare(op: str, output: torch.Tensor, act: torch.Tensor, n: int, ldw: int, variant: str | None,
+             pdl: bool | None):
+    """fn(output, act, w) launching the configured kernel for this call signature and launch
+    context (``pdl``: with PDL or not; None: as slim_kernel.pdl decides now)."""
     from ..jit import get_kernel
 
     m, k = act.shape
@@ -89,13 +91,7 @@ def _prepare(op: str, output: torch.Tensor, act: torch.Tensor, n: int, ldw: int,
     launch = kernel.launch
     lda = act.stride(0) if m > 1 else k
     ldo = output.stride(0)
-    if knobs.pdl_auto():
-        def run(output, act, w):
-            stream = _raw_stream(dev)
-            launch(grid, block, (act.data_ptr(), w.data_ptr(), output.data_ptr(), m, n, k, lda, ldw, ldo),
-                   stream=stream, smem=smem, pdl=launch_pdl(stream), cluster=cluster)
-        return run
-    pdl = knobs.pdl()
+    pdl = launch_pdl() if pdl is None else pdl
 
     def run(output, act, w):
         launch(grid, block, (act.data_ptr(), w.data_ptr(), output.data_ptr(), m, n, k, lda, ldw, ldo),
@@ -103,15 +99,15 @@ def _prepare(op: str, output: torch.Tensor, act: torch.Tensor, n: int, ldw: int,
     return run
 
 
-def prepare_router(args, variant: str | None):
+def prepare_router(args, variant: str | None, pdl: bool | None = None):
     output, hidden_states, router_weights = args
-    return _prepare(ROUTER, output, hidden_states, router_weights.shape[0], router_weights.stride(0), variant)
+    return _prepare(ROUTER, output, hidden_states, router_weights.shape[0], router_weights.stride(0), variant, pdl)
 
 
-def prepare_fused_a(args, variant: str | None):
+def prepare_fused_a(args, variant: str | None, pdl: bool | None = None):
     # mat_b (K, N) column-major is the (N, K) weight read row by row: row stride = mat_b.stride(1).
     output, mat_a, mat_b = args
-    return _prepare(FUSED_A, output, mat_a, mat_b.shape[1], mat_b.stride(1), variant)
+    return _prepare(FUSED_A, output, mat_a, mat_b.shape[1], mat_b.stride(1), variant, pdl)
 
 
 # ---- per-call eligibility (the op modules' KernelSpec.check; pure torch, no runtime) ----

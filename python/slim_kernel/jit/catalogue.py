@@ -59,12 +59,10 @@ class Skinny:
     stages: int = 8  # per-warp cp.async ring depth in 32-k blocks (compile-time)
     warps: int = 4  # warps per CTA (launch-time)
     split: int = 0  # CTAs per cluster splitting K; 0 = as many as fill the SMs (launch-time)
-    late: int = 0  # 1: signal dependents (PDL) after the main loop instead of at entry (compile-time)
 
     def __post_init__(self):
         _check(1 <= self.rt <= 8 and 2 <= self.stages <= 16 and 1 <= self.warps <= 10
-               and 0 <= self.split <= MAX_SPLIT and self.late in (0, 1), self,
-               f"need rt 1..8, stages 2..16, warps 1..10, split 0..{MAX_SPLIT}, late 0 or 1")
+               and 0 <= self.split <= MAX_SPLIT, self, f"need rt 1..8, stages 2..16, warps 1..10, split 0..{MAX_SPLIT}")
 
     def max_m(self) -> int:
         return MAX_M
@@ -75,8 +73,7 @@ class Skinny:
         return max(2, min(self.stages, MAX_SMEM // per_stage))
 
     def instance(self, op: str, m: int, out_dtype: str) -> KernelInstance:
-        return _make(op, out_dtype, SK_FAMILY=0, SK_NT=token_tiles(m), SK_RT=self.rt, SK_STAGES=self.stages_for(m),
-                     SK_LATE_TRIGGER=self.late)
+        return _make(op, out_dtype, SK_FAMILY=0, SK_NT=token_tiles(m), SK_RT=self.rt, SK_STAGES=self.stages_for(m))
 
     def geometry(self, n: int, k: int, sm_count: int) -> tuple[tuple, tuple, tuple | None]:
         groups = _cdiv(n, 16 * self.rt)
@@ -97,12 +94,11 @@ class Narrow:
     cpt: int = 2  # 16-byte chunks per thread per row and round (compile-time)
     threads: int = 448  # block size (compile-time: K = 7168 is one round of 448 x 2 chunks)
     tokens: int = 16  # the largest M served: 4, 8 or 16 (more rows x tokens spill at 448 threads)
-    late: int = 0  # 1: signal dependents (PDL) after the dot products instead of at entry (compile-time)
 
     def __post_init__(self):
         _check(1 <= self.rows <= 8 and 1 <= self.cpt <= 4 and self.threads % 32 == 0 and 32 <= self.threads <= 1024
-               and self.tokens in (4, 8, 16) and self.late in (0, 1), self,
-               "need rows 1..8, cpt 1..4, threads a multiple of 32 in 32..1024, tokens 4, 8 or 16, late 0 or 1")
+               and self.tokens in (4, 8, 16), self,
+               "need rows 1..8, cpt 1..4, threads a multiple of 32 in 32..1024, tokens 4, 8 or 16")
 
     def max_m(self) -> int:
         return self.tokens
@@ -111,7 +107,7 @@ class Narrow:
         if m > self.tokens:
             raise ValueError(f"this narrow kernel serves M <= {self.tokens}, got M={m}")
         return _make(op, out_dtype, SK_FAMILY=1, SK_ROWS=self.rows, SK_MT=_mt(m), SK_CPT=self.cpt,
-                     SK_THREADS=self.threads, SK_LATE_TRIGGER=self.late)
+                     SK_THREADS=self.threads)
 
     def geometry(self, n: int, k: int, sm_count: int) -> tuple[tuple, tuple, tuple | None]:
         return (_cdiv(n, self.rows), 1, 1), (self.threads, 1, 1), None
@@ -203,14 +199,10 @@ VARIANTS: dict[str, dict[str, GemmConfig]] = {
         "narrow_r1": Narrow(rows=1, cpt=2, threads=448, tokens=4),  # 2 CTAs/SM need <= 72 registers
         "narrow_r2": Narrow(rows=2, cpt=2, threads=448, tokens=16),
         "narrow_r3": Narrow(rows=3, cpt=2, threads=448, tokens=8),
-        "narrow_r1_late": Narrow(rows=1, cpt=2, threads=448, tokens=4, late=1),
-        "narrow_r2_late": Narrow(rows=2, cpt=2, threads=448, tokens=16, late=1),
-        "skinny_late": Skinny(rt=1, stages=8, warps=4, split=0, late=1),
     },
     FUSED_A: {
         "skinny": Skinny(rt=1, stages=8, warps=8, split=1),
         "skinny_w10": Skinny(rt=1, stages=6, warps=10, split=1),
-        "skinny_w10_late": Skinny(rt=1, stages=6, warps=10, split=1, late=1),
     },
 }
 FALLBACK_VARIANT = "skinny"  # serves every M of both ops: the choice where nothing was measured

@@ -22,6 +22,7 @@ import torch
 from torch._C import _functorch
 
 from .. import knobs, registry
+from ..pdl import launch_pdl
 from ._validate import backend_arg
 
 _MAX_PLANS = 4096
@@ -62,8 +63,10 @@ class Op:
     """A public op: ``slim_kernel::<name>(Tensor(a!) output, <params>, str? backend=None) -> ()``
     plus the cached plans both call paths use."""
 
-    def __init__(self, name: str, params: str):
+    def __init__(self, name: str, params: str, pdl_sensitive: bool = False):
         self.name = name
+        # The backends launch with or without PDL by context (slim_kernel.pdl): part of the plan key.
+        self.pdl_sensitive = pdl_sensitive
         self.n_inputs = params.count("Tensor")
         LIB.define(f"{name}(Tensor(a!) output, {params}, str? backend=None) -> ()")
         for key in ("CPU", "CUDA"):
@@ -82,19 +85,27 @@ class Op:
             self._plans.clear()
         return self._plans
 
-    def _select(self, backend, output, inputs) -> registry.Selection:
-        return registry.select(self.name, inputs[0].device, (output, *inputs), backend)
+    def _select(self, backend, output, inputs, pdl) -> registry.Selection:
+        return registry.select(self.name, inputs[0].device, (output, *inputs), backend, pdl)
+
+    def _pdl(self, inputs) -> bool | None:
+        """The launch context of a PDL-sensitive op on CUDA (None: not one, or not on CUDA)."""
+        x = inputs[0] if inputs else None
+        if not self.pdl_sensitive or not isinstance(x, torch.Tensor) or not x.is_cuda:
+            return None  # a bad argument is validate()'s to name
+        return launch_pdl(device=x.device)
 
     def _dispatched(self, output, *rest) -> None:
         """The registered op's CPU/CUDA kernel (compile, modes, autograd): plans keyed by the call."""
         # The dispatcher drops trailing arguments that equal their default (backend=None).
         inputs = rest[:self.n_inputs]
         backend = rest[self.n_inputs] if len(rest) > self.n_inputs else None
-        key = ("dispatch", backend, self._env_get(), *_signature((output, *inputs)))
+        pdl = self._pdl(inputs)
+        key = ("dispatch", backend, self._env_get(), pdl, *_signature((output, *inputs)))
         plans = self._cache()
         fn = plans.get(key)
         if fn is None:
-            fn = plans[key] = self._select(backend, output, inputs).fn
+            fn = plans[key] = self._select(backend, output, inputs, pdl).fn
         fn(output, *inputs)
 
     def __call__(self, validate, backend, output, inputs: tuple, extra=()) -> torch.Tensor:
@@ -106,7 +117,8 @@ class Op:
                 output = torch.empty(shape, dtype=dtype, device=inputs[0].device)
             self.overload(output, *inputs, backend)
             return output
-        key = self._key(backend, output, inputs, extra)
+        pdl = self._pdl(inputs)
+        key = self._key(backend, output, inputs, (extra, pdl))
         plans = self._cache()
         plan = plans.get(key) if key is not None else None
         if plan is None:
@@ -120,7 +132,7 @@ class Op:
             if key is None:  # modes, subclasses, autograd: torch must see the op
                 self.overload(output, *inputs, backend)
                 return output
-            sel = self._select(backend, output, inputs)
+            sel = self._select(backend, output, inputs, pdl)
             plan = plans[key] = Plan(shape, dtype, device, sel.fn, sel.why)
         elif output is None:
             output = torch.empty(plan.shape, dtype=plan.dtype, device=plan.device)

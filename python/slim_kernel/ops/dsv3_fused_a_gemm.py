@@ -54,7 +54,7 @@ registry.register(
 registry.register_op(OP, _shape_key)
 
 
-_op = Op(OP, "Tensor mat_a, Tensor mat_b")
+_op = Op(OP, "Tensor mat_a, Tensor mat_b", pdl_sensitive=True)
 
 
 def validate(mat_a, mat_b, output) -> tuple[tuple[int, int], torch.dtype]:

@@ -57,7 +57,7 @@ registry.register(
 registry.register_op(OP, _shape_key)
 
 
-_op = Op(OP, "Tensor hidden_states, Tensor router_weights")
+_op = Op(OP, "Tensor hidden_states, Tensor router_weights", pdl_sensitive=True)
 
 
 def validate(hidden_states, router_weights, out_dtype, output) -> tuple[tuple[int, int], torch.dtype]:

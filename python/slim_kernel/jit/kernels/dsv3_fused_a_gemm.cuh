@@ -8,7 +8,6 @@
 // Compile-time parameters (-D), all passed by the catalogue:
 //   SK_FAMILY   0 skinny
 //   SK_NT (token tiles of 8), SK_RT (16-row weight tiles per CTA), SK_STAGES (cp.async ring depth)
-//   SK_LATE_TRIGGER 0: griddepcontrol.launch_dependents at entry, 1: after the main loop
 #include "skinny_gemm.cuh"
 
 #if SK_FAMILY != 0
@@ -20,5 +19,5 @@
 extern "C" __global__ void __launch_bounds__(320, 1)
 dsv3_fused_a_gemm_kernel(const __nv_bfloat16* __restrict__ mat_a, const __nv_bfloat16* __restrict__ weight,
                          __nv_bfloat16* __restrict__ out, int M, int N, int K, int ld_a, int ld_weight, int ld_out) {
-    slim::skinny_gemm<SK_RT, SK_NT, SK_STAGES, true, SK_LATE_TRIGGER != 0>(mat_a, weight, out, M, N, K, ld_a, ld_weight, ld_out);
+    slim::skinny_gemm<SK_RT, SK_NT, SK_STAGES, true>(mat_a, weight, out, M, N, K, ld_a, ld_weight, ld_out);
 }

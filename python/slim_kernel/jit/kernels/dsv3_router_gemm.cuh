@@ -7,7 +7,6 @@
 // Compile-time parameters (-D), all passed by the catalogue:
 //   SK_FAMILY   0 skinny, 1 narrow
 //   SK_OUT_BF16 1: bf16 logits, 0: fp32 logits
-//   SK_LATE_TRIGGER 0: griddepcontrol.launch_dependents at entry, 1: after the dot products
 //   skinny: SK_NT (token tiles of 8), SK_RT (16-row weight tiles per CTA), SK_STAGES (cp.async ring depth)
 //   narrow: SK_ROWS (rows per CTA), SK_MT (max tokens), SK_CPT (16-byte chunks per thread per row),
 //           SK_THREADS (block size)
@@ -26,10 +25,10 @@ extern "C" __global__ void __launch_bounds__(SK_BLOCK_BOUND, 1)
 dsv3_router_gemm_kernel(const __nv_bfloat16* __restrict__ hidden_states, const __nv_bfloat16* __restrict__ router_weights,
                         void* __restrict__ out, int M, int E, int K, int ld_hidden, int ld_weight, int ld_out) {
 #if SK_FAMILY == 0
-    slim::skinny_gemm<SK_RT, SK_NT, SK_STAGES, SK_OUT_BF16 != 0, SK_LATE_TRIGGER != 0>(
-        hidden_states, router_weights, out, M, E, K, ld_hidden, ld_weight, ld_out);
+    slim::skinny_gemm<SK_RT, SK_NT, SK_STAGES, SK_OUT_BF16 != 0>(hidden_states, router_weights, out, M, E, K, ld_hidden,
+                                                                ld_weight, ld_out);
 #else
-    slim::narrow_gemm<SK_ROWS, SK_MT, SK_CPT, SK_THREADS, SK_OUT_BF16 != 0, SK_LATE_TRIGGER != 0>(
-        hidden_states, router_weights, out, M, E, K, ld_hidden, ld_weight, ld_out);
+    slim::narrow_gemm<SK_ROWS, SK_MT, SK_CPT, SK_THREADS, SK_OUT_BF16 != 0>(hidden_states, router_weights, out, M, E, K,
+                                                                           ld_hidden, ld_weight, ld_out);
 #endif
 }

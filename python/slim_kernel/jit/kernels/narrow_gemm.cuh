@@ -30,7 +30,7 @@ __device__ __forceinline__ void bf16x8_to_f32(const unsigned (&v)[4], float (&f)
     }
 }
 
-template <int ROWS, int MT, int CPT, int THREADS, bool OUT_BF16, bool LATE_TRIGGER>
+template <int ROWS, int MT, int CPT, int THREADS, bool OUT_BF16>
 __device__ __forceinline__ void narrow_gemm(const __nv_bfloat16* __restrict__ act, const __nv_bfloat16* __restrict__ w,
                                             void* __restrict__ out, int M, int N, int K, int lda, int ldw, int ldo) {
     static_assert(ROWS >= 1 && ROWS <= 8 && MT >= 1 && MT <= 16 && CPT >= 1 && THREADS % 32 == 0, "bad narrow config");
@@ -38,7 +38,7 @@ __device__ __forceinline__ void narrow_gemm(const __nv_bfloat16* __restrict__ ac
     constexpr int TB = MT <= 8 ? MT : 4;  // tokens per load batch (16 tokens in 4: no spills at 448 threads)
     extern __shared__ __align__(16) float red[];  // [ROWS * MT][THREADS]
 
-    if (!LATE_TRIGGER) pdl_launch_dependents();
+    pdl_launch_dependents();
     require_smem((unsigned)narrow_smem_bytes(ROWS, MT, THREADS));
 
     const int tid = threadIdx.x;
@@ -102,7 +102,6 @@ __device__ __forceinline__ void narrow_gemm(const __nv_bfloat16* __restrict__ ac
         }
     }
 
-    if (LATE_TRIGGER) pdl_launch_dependents();  // as sglang's tiny_gemm: after the dot products
 #pragma unroll
     for (int r = 0; r < ROWS; ++r)
 #pragma unroll

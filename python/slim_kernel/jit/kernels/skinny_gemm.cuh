@@ -15,9 +15,8 @@
 //    Partials are reduced in a fixed order (reduce.cuh): warps through shared memory, then
 //    cluster ranks through distributed shared memory.
 //  * PDL: weights are model parameters and are fetched before griddepcontrol.wait; the
-//    activation only after it. launch_dependents is signalled at entry, or after the main loop
-//    with LATE_TRIGGER (dependents still wait for this grid's completion in their own
-//    griddepcontrol.wait).
+//    activation only after it. launch_dependents is signalled at entry (dependents still
+//    wait for this grid's completion in their own griddepcontrol.wait).
 //
 // Launch contract (slim_kernel/jit/catalogue.py, family "skinny"):
 //   grid (ceil(N / (16*RT)), S, 1), cluster (1, S, 1) when S > 1, block 32*W threads,
@@ -37,7 +36,7 @@ __host__ __device__ constexpr int skinny_smem_bytes(int rt, int nt, int stages, 
                ? skinny_ring_bytes(rt, nt, stages, warps) : partials_bytes(rt, nt, warps);
 }
 
-template <int RT, int NT, int STAGES, bool OUT_BF16, bool LATE_TRIGGER>
+template <int RT, int NT, int STAGES, bool OUT_BF16>
 __device__ __forceinline__ void skinny_gemm(const __nv_bfloat16* __restrict__ act, const __nv_bfloat16* __restrict__ w,
                                             void* __restrict__ out, int M, int N, int K, int lda, int ldw, int ldo) {
     static_assert(RT >= 1 && NT >= 1 && NT <= 8 && STAGES >= 2, "bad tile config");
@@ -46,7 +45,7 @@ __device__ __forceinline__ void skinny_gemm(const __nv_bfloat16* __restrict__ ac
 
     extern __shared__ __align__(16) unsigned char smem[];
 
-    if (!LATE_TRIGGER) pdl_launch_dependents();
+    pdl_launch_dependents();
 
     const int lane = threadIdx.x & 31;
     const int warp = threadIdx.x >> 5;
@@ -135,7 +134,6 @@ __device__ __forceinline__ void skinny_gemm(const __nv_bfloat16* __restrict__ ac
         rd = rd + 1 == STAGES ? 0 : rd + 1;
         wr = wr + 1 == STAGES ? 0 : wr + 1;
     }
-    if (LATE_TRIGGER) pdl_launch_dependents();  // after the main loop, before the reductions
     cp_async_wait<0>();
     __syncthreads();  // ring is reused for the partials below
 

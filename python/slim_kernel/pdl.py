@@ -9,13 +9,18 @@ itself launched with PDL has a programmatic in-edge (``tuning/run16_probe_captur
 such an edge. A PDL-aware producer that is the first node of its graph has no edge and is not
 recognised (the launch then goes without PDL: correct, ~0.5 us slower). Eager launches keep the
 knob (no capture info; one stream-capture check per call).
+
+The answer is part of the PDL-sensitive ops' plan key (ops/_dispatch.py): the routing table has
+points for both contexts (``pdl: true`` measured after the PDL-aware producer with PDL launches,
+``pdl: false`` after a plain producer without), the registry looks up the one in force, and the
+JIT backend binds it into the launch.
 """
 
 from __future__ import annotations
 
 import torch
 
-from .. import knobs
+from . import knobs
 
 _PROGRAMMATIC = 1  # CUgraphDependencyType CU_GRAPH_DEPENDENCY_TYPE_PROGRAMMATIC
 
