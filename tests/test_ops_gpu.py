@@ -111,9 +111,12 @@ def test_cuda_graph_capture_and_replay(gen):
         dst.copy_(src)
     graph.replay()
     torch.cuda.synchronize()
-    expected = _all_ops(*static)
-    for o, e in zip(outs, expected):
-        assert torch.equal(o, e)
+    # Checked against float64, not bit for bit against an eager call: a captured launch may be
+    # routed differently (slim_kernel.pdl: the first node of a graph follows no PDL-aware kernel).
+    h, W, a, wt, A, B, sa, sb = static
+    assert rel_err(outs[0], router_ref(h, W)) <= TOL[torch.float32]
+    assert rel_err(outs[1], fused_a_ref(a, wt)) <= TOL[torch.bfloat16]
+    assert rel_err(outs[2], bmm_fp8_ref(A, B, sa, sb)) <= 2e-2
     assert not torch.equal(outs[0], eager[0])  # replay really recomputed on the new inputs
 
 
