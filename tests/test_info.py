@@ -45,3 +45,23 @@ def test_a_bad_knob_is_an_error_with_exit_2(env, needle):
     assert text.returncode == 2 and needle in text.stdout, text.stdout[-2000:]
     js = _info("--json", **env)
     assert js.returncode == 2 and any(needle in e for e in json.loads(js.stdout)["errors"])
+
+
+def test_picks_cover_both_launch_contexts_under_auto(monkeypatch):
+    # With SLIM_KERNEL_PDL=auto both table contexts are in force (slim_kernel.pdl): info lists each.
+    import torch
+
+    import slim_kernel.ops  # noqa: F401
+    from slim_kernel import info, knobs, registry
+
+    monkeypatch.setattr(registry, "arch", lambda device: "sm_90")
+    monkeypatch.setattr(registry, "_capability", lambda index: (9, 0))
+    old = knobs.pdl_setting()
+    try:
+        knobs.set_pdl("auto")
+        rows = info._picks(torch.device("cuda", 0))
+        assert {r["pdl"] for r in rows} == {True, False} and len(rows) % 2 == 0
+        knobs.set_pdl(False)
+        assert {r["pdl"] for r in info._picks(torch.device("cuda", 0))} == {False}
+    finally:
+        knobs.set_pdl(old)

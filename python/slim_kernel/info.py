@@ -71,29 +71,31 @@ def _meta_args(op: str, shape: dict, m: int):
 
 
 def _picks(device) -> list[dict]:
-    """What each op would run at every measured point of the device's table, and why."""
+    """What each op would run at every measured point of the device's table, and why, in each
+    launch context the PDL knob allows (auto: both; slim_kernel.pdl)."""
     from . import knobs, registry, routing
 
     tab = routing.table(registry.arch(device))
     if tab is None:
         return []
+    contexts = (True, False) if knobs.pdl_auto() else (knobs.pdl(),)
     version, rows = routing.flashinfer_version(), []
     seen = set()
     for p in tab.points:
-        key = (p.op, p.shape, p.m)
-        if p.pdl != knobs.pdl() or key in seen:
+        key = (p.op, p.shape, p.m, p.pdl)
+        if p.pdl not in contexts or key in seen:
             continue
         seen.add(key)
         args = _meta_args(p.op, dict(p.shape), p.m)
-        order, _, dec = registry.ranked(p.op, device, args)
+        order, _, dec = registry.ranked(p.op, device, args, p.pdl)
         order = [s for s in order if s.probe is None or s.probe() is None]
         if not order:
             continue
         spec = order[0]
         best = dec.point.best(spec.backend.value) if dec else None
         choice = f"{spec.backend.value}:{best[0]}" if best and best[0] else spec.backend.value
-        rows.append({"op": p.op, "shape": dict(p.shape), "m": p.m, "flashinfer": version, "pick": choice,
-                     "why": registry.why(spec, dec)})
+        rows.append({"op": p.op, "shape": dict(p.shape), "m": p.m, "flashinfer": version, "pdl": p.pdl,
+                     "pick": choice, "why": registry.why(spec, dec)})
     return rows
 
 
@@ -192,11 +194,13 @@ def run(args) -> int:
                 print(f"    {i}. {row['backend']:<10} {state}   [{row['note']}]")
         groups: dict = {}
         for row in dev["picks"]:
-            groups.setdefault((row["op"], json.dumps(row["shape"])), []).append(row)
+            groups.setdefault((row["op"], json.dumps(row["shape"]), row["pdl"]), []).append(row)
         if groups:
             print("  routing (measured points; the default path runs):")
-        for (op, shape), rows in groups.items():
-            print(f"    {op} {', '.join(f'{k}={v}' for k, v in json.loads(shape).items())}")
+        for (op, shape, pdl), rows in groups.items():
+            context = "with PDL: eager, or captured after a PDL-aware kernel" if pdl else \
+                "without PDL: captured after a plain kernel"
+            print(f"    {op} {', '.join(f'{k}={v}' for k, v in json.loads(shape).items())}  [{context}]")
             for line in _ranges(sorted(rows, key=lambda r: r["m"])):
                 print(f"      {line}")
     for err in errors:

@@ -31,7 +31,10 @@ def follows_pdl_launch(stream: int) -> bool | None:
     try:
         from cuda.bindings import driver as cu
 
-        err, status, _id, _graph, deps, _edges, n = cu.cuStreamGetCaptureInfo(stream)
+        # cuda-bindings 12.x names the edge-aware calls _v3 / _v2; 13.x gives the plain names those
+        get_info = getattr(cu, "cuStreamGetCaptureInfo_v3", cu.cuStreamGetCaptureInfo)
+        get_deps = getattr(cu, "cuGraphNodeGetDependencies_v2", cu.cuGraphNodeGetDependencies)
+        err, status, _id, _graph, deps, _edges, n = get_info(stream)
         if err != cu.CUresult.CUDA_SUCCESS or status != cu.CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_ACTIVE:
             return None
         if n != 1:
@@ -40,10 +43,10 @@ def follows_pdl_launch(stream: int) -> bool | None:
         err, kind = cu.cuGraphNodeGetType(node)
         if err != cu.CUresult.CUDA_SUCCESS or kind != cu.CUgraphNodeType.CU_GRAPH_NODE_TYPE_KERNEL:
             return False
-        count = cu.cuGraphNodeGetDependencies(node)[-1]
+        count = get_deps(node)[-1]
         if not count:
             return False
-        edges = cu.cuGraphNodeGetDependencies(node, count)[2]
+        edges = get_deps(node, count)[2]
         return any(int(e.type) == _PROGRAMMATIC for e in list(edges)[:count])
     except Exception:  # noqa: BLE001 - an unknown driver/binding: keep the knob's choice
         return None
