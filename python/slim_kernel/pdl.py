@@ -7,7 +7,7 @@ producer. Under capture the driver shows what the next node will depend on: a ke
 itself launched with PDL has a programmatic in-edge (``tuning/run16_probe_capture.json``). So in
 ``auto`` mode (knobs.pdl_auto) a captured launch uses PDL exactly when its one predecessor has
 such an edge. A PDL-aware producer that is the first node of its graph has no edge and is not
-recognised (the launch then goes without PDL: correct, ~0.5 us slower). Eager launches keep the
+recognised (the launch then goes without PDL: correct, 0.5-1 us slower). Eager launches keep the
 knob (no capture info; one stream-capture check per call).
 
 The answer is part of the PDL-sensitive ops' plan key (ops/_dispatch.py): the routing table has
@@ -52,7 +52,7 @@ def follows_pdl_launch(stream: int) -> bool | None:
         return None
 
 
-def launch_pdl(stream: int | None = None, device: int | None = None) -> bool:
+def launch_pdl(stream: int | None = None, device: int | torch.device | None = None) -> bool:
     """Whether this launch uses PDL (``stream``: the raw handle it goes to, default the current one)."""
     if not knobs.pdl():
         return False
