@@ -66,3 +66,43 @@ def test_launch_decision(monkeypatch):
 
 def test_no_driver_means_no_answer():
     assert _pdl.follows_pdl_launch(0) is None  # no GPU here: the binding's error is not an answer
+
+
+def test_an_eager_plan_also_plans_and_warms_the_captured_context(monkeypatch):
+    # Under auto an eager call (context True) plans the captured-after-plain context (False) too,
+    # and runs it once, so a capture never has to select, compile or load a backend.
+    import importlib
+
+    from slim_kernel import registry
+    from slim_kernel.ops import _dispatch
+
+    mod = importlib.import_module("slim_kernel.ops.dsv3_router_gemm")  # the module, not the function
+
+    knobs.set_pdl("auto")
+    op = mod._op
+    monkeypatch.setattr(op, "_pdl", lambda inputs: True)
+    contexts = []
+    real_select = registry.select
+
+    def select(name, device, args, backend=None, pdl=None):
+        sel = real_select(name, device, args, backend, pdl)
+        fn = sel.fn
+
+        def counted(*a):
+            contexts.append(pdl)
+            return fn(*a)
+        return registry.Selection(sel.spec, counted, sel.why)
+
+    monkeypatch.setattr(registry, "select", select)
+    monkeypatch.setattr(_dispatch.registry, "select", select)
+    op._plans.clear()
+    h, w = torch.randn(3, 64).bfloat16(), torch.randn(8, 64).bfloat16()
+    first = mod.dsv3_router_gemm(h, w, torch.float32)
+    assert contexts == [False, True]  # the other context warmed first, this one wrote the result
+    assert {k[2][1] for k in op._plans} == {True, False}  # key: (backend, env pin, (extra, context), ...)
+    again = mod.dsv3_router_gemm(h, w, torch.float32)
+    assert contexts == [False, True, True] and torch.equal(first, again)
+    knobs.set_pdl(False)  # forced: one context, nothing extra
+    contexts.clear()
+    mod.dsv3_router_gemm(h, w, torch.float32)
+    assert contexts == [True]  # _pdl is patched to True; no second plan when the knob is not auto
