@@ -257,3 +257,20 @@ def test_probe_reports_a_missing_internal(fake):
     fake("0.7.2", config_from_dict=True)
     state = fp.fast_path_state(probe=True)
     assert state["bmm_fp8_fast_path"] == "off" and "TuningConfigs" in state["reason"]
+
+
+def test_router_and_tinygemm_factories_bind_kernel_and_pdl(fake, monkeypatch):
+    # The flashinfer backend's prepare_<op> binds the kernel and the launch context once per plan.
+    fake()
+    from slim_kernel.backends import flashinfer as fib
+
+    seen = []
+    monkeypatch.setitem(fib.ROUTER_KERNELS, (256, torch.float32),
+                        lambda x, w, out, launch_with_pdl: seen.append(("router", x.is_contiguous(), w.shape,
+                                                                        launch_with_pdl)))
+    monkeypatch.setattr(fib, "tinygemm_bf16", lambda x, w, out, use_pdl: seen.append(("tinygemm", w.shape, use_pdl)))
+    h, w, logits = torch.randn(8, 16)[::2], torch.randn(256, 16), torch.empty(4, 256)
+    fib.prepare_router((logits, h, w), None, False)(logits, h, w)
+    a, wt, out = torch.randn(4, 16), torch.randn(32, 16).t(), torch.empty(4, 32)
+    fib.prepare_fused_a((out, a, wt), None, True)(out, a, wt)
+    assert seen == [("router", True, (16, 256), False), ("tinygemm", (32, 16), True)]

@@ -26,14 +26,25 @@ ROUTER_KERNELS = {
 }
 
 
-# Both GEMMs launch with PDL as ours do (slim_kernel.pdl.launch_pdl: the knob, and under capture only after a
-# PDL-aware producer; the weights are parameters, not written by the kernel before).
-def dsv3_router_gemm(output: torch.Tensor, hidden_states: torch.Tensor, router_weights: torch.Tensor) -> None:
+# prepare_<op>(args, variant, pdl) is called once per call signature and launch context (the op
+# layer caches what it returns), like the JIT backend's: the kernel and the PDL flag are bound
+# here, so a call is the launch alone. ``pdl`` None (a direct call): slim_kernel.pdl decides now.
+# The weights are parameters, never written by the kernel before, so PDL is safe.
+def prepare_router(args, variant: str | None = None, pdl: bool | None = None):
+    output, _, router_weights = args
     kernel = ROUTER_KERNELS[(router_weights.shape[0], output.dtype)]
-    # flashinfer wants a dense (M, K) activation and the (K, E) column-major weight view.
-    kernel(hidden_states.contiguous(), router_weights.t(), output, launch_with_pdl=launch_pdl(device=output.device))
+    pdl = launch_pdl(device=output.device) if pdl is None else pdl
+
+    def run(output: torch.Tensor, hidden_states: torch.Tensor, router_weights: torch.Tensor) -> None:
+        # flashinfer wants a dense (M, K) activation and the (K, E) column-major weight view.
+        kernel(hidden_states.contiguous(), router_weights.t(), output, launch_with_pdl=pdl)
+    return run
 
 
-def dsv3_fused_a_gemm(output: torch.Tensor, mat_a: torch.Tensor, mat_b: torch.Tensor) -> None:
-    # tinygemm computes input @ weight.T with a contiguous (N, K) weight: mat_b.T, no copy.
-    tinygemm_bf16(mat_a.contiguous(), mat_b.t(), output, use_pdl=launch_pdl(device=output.device))
+def prepare_fused_a(args, variant: str | None = None, pdl: bool | None = None):
+    pdl = launch_pdl(device=args[0].device) if pdl is None else pdl
+
+    def run(output: torch.Tensor, mat_a: torch.Tensor, mat_b: torch.Tensor) -> None:
+        # tinygemm computes input @ weight.T with a contiguous (N, K) weight: mat_b.T, no copy.
+        tinygemm_bf16(mat_a.contiguous(), mat_b.t(), output, use_pdl=pdl)
+    return run
