@@ -95,12 +95,16 @@ class Op:
             return None  # a bad argument is validate()'s to name
         return launch_pdl(device=x.device)
 
-    @staticmethod
-    def _also_plan(pdl: bool | None) -> bool:
-        """Under PDL auto an eager call (context True) also plans, and runs once, the context a
-        capture after a plain kernel gets (False): a later capture then never selects, compiles
-        or loads a backend (the first call of a signature runs the GEMM twice, eager only)."""
-        return pdl is True and knobs.pdl_auto()
+    def _captured_context(self, backend, output, inputs, pdl) -> registry.Selection | None:
+        """Under PDL auto an eager call (context True) also selects, and runs once, what a capture
+        after a plain kernel (context False) will run: a capture then never selects, compiles or
+        loads a backend (the first call of a signature runs the GEMM twice, eager only). The
+        caller writes the result with its own plan afterwards."""
+        if pdl is not True or not knobs.pdl_auto():
+            return None
+        sel = self._select(backend, output, inputs, False)
+        sel.fn(output, *inputs)
+        return sel
 
     def _dispatched(self, output, *rest) -> None:
         """The registered op's CPU/CUDA kernel (compile, modes, autograd): plans keyed by the call."""
@@ -113,9 +117,9 @@ class Op:
         fn = plans.get(key)
         if fn is None:
             fn = plans[key] = self._select(backend, output, inputs, pdl).fn
-            if self._also_plan(pdl):
-                other = plans[key[:3] + (False,) + key[4:]] = self._select(backend, output, inputs, False).fn
-                other(output, *inputs)  # warm it now (compile, load); fn below writes the result
+            other = self._captured_context(backend, output, inputs, pdl)
+            if other is not None:
+                plans[key[:3] + (False,) + key[4:]] = other.fn
         fn(output, *inputs)
 
     def __call__(self, validate, backend, output, inputs: tuple, extra=()) -> torch.Tensor:
@@ -145,11 +149,10 @@ class Op:
                 return output
             sel = self._select(backend, output, inputs, pdl)
             plan = plans[key] = Plan(shape, dtype, device, sel.fn, sel.why)
-            if self._also_plan(pdl):
-                other = self._select(backend, output, inputs, False)
+            other = self._captured_context(backend, output, inputs, pdl)
+            if other is not None:
                 plans[self._key(backend, given, inputs, (extra, False))] = Plan(shape, dtype, device, other.fn,
                                                                                other.why)
-                other.fn(output, *inputs)  # warm it now (compile, load); plan.fn below writes the result
         elif output is None:
             output = torch.empty(plan.shape, dtype=plan.dtype, device=plan.device)
         plan.fn(output, *inputs)
