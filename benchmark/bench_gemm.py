@@ -68,7 +68,6 @@ SKIP: set[str] = set()  # "op:variant" entries of --skip-variants (failed benchm
 
 def ours(case: Case, x, out) -> dict:
     """jit:<variant> (PDL on and @nopdl), ref (our torch backend), both bound as the backends run them."""
-    from slim_kernel import knobs
     from slim_kernel.backends import jit as jb
     from slim_kernel.backends import torch_ref
     from slim_kernel.jit import catalogue as cat
@@ -77,12 +76,10 @@ def ours(case: Case, x, out) -> dict:
     m = x.shape[0]
     impls = {}
     for pdl, suffix in ((True, ""), (False, "@nopdl")):
-        knobs.set_pdl(pdl)
         for name, cfg in cat.VARIANTS[case.op].items():
             if cat.variant_serves(cfg, case.op, m) and f"{case.op}:{name}" not in SKIP:
-                fn = prepare((out, x, case.gemm_arg(case.weights[0])), name)
+                fn = prepare((out, x, case.gemm_arg(case.weights[0])), name, pdl)
                 impls[f"jit:{name}{suffix}"] = lambda w, fn=fn: (lambda: fn(out, x, case.gemm_arg(w)))
-    knobs.set_pdl("auto")  # the default, for the `default` column
     ref = getattr(torch_ref, case.op)
     impls["ref"] = lambda w: (lambda: ref(out, x, case.gemm_arg(w)))
     return impls

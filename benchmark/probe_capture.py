@@ -50,7 +50,10 @@ def main() -> int:
                 d["in_edges_error"] = repr(exc)
             nodes.append(d)
         edge_types = [int(e.type) for e in list(edges)[:n]] if edges else []
-        return {"status": str(status), "n": n, "out_edges": edge_types, "nodes": nodes}
+        from slim_kernel.pdl import follows_pdl_launch  # the shipped decision, for comparison
+
+        return {"status": str(status), "n": n, "out_edges": edge_types, "nodes": nodes,
+                "follows_pdl_launch": follows_pdl_launch(stream.cuda_stream)}
 
     x = torch.randn(4, 7168, device="cuda", dtype=torch.bfloat16)
     y = torch.empty_like(x)
