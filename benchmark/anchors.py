@@ -107,7 +107,7 @@ class Anchors:
 
     def fused_a(self, x: torch.Tensor, out: torch.Tensor) -> dict:
         impls = {}
-        if self.fi is not None and x.shape[0] <= 16:
+        if self.fi is not None:  # tinygemm_bf16 takes any M (0.7.4 has programs for M up to 64)
             impls["flashinfer"] = lambda w: (lambda: self.fi.tinygemm_bf16(x, w, out, use_pdl=False))
             impls["flashinfer_pdl"] = lambda w: (lambda: self.fi.tinygemm_bf16(x, w, out, use_pdl=True))
         if self.sgl is not None and x.shape[0] <= 16:

@@ -67,7 +67,8 @@ SKIP: set[str] = set()  # "op:variant" entries of --skip-variants (failed benchm
 
 
 def ours(case: Case, x, out) -> dict:
-    """jit:<variant> (PDL on and @nopdl), ref (our torch backend), both bound as the backends run them."""
+    """jit:<variant> (PDL on and @nopdl), ref (our torch backend), fiprog:<variant>, all bound as the
+    backends run them."""
     from slim_kernel.backends import jit as jb
     from slim_kernel.backends import torch_ref
     from slim_kernel.jit import catalogue as cat
@@ -82,6 +83,28 @@ def ours(case: Case, x, out) -> dict:
                 impls[f"jit:{name}{suffix}"] = lambda w, fn=fn: (lambda: fn(out, x, case.gemm_arg(w)))
     ref = getattr(torch_ref, case.op)
     impls["ref"] = lambda w: (lambda: ref(out, x, case.gemm_arg(w)))
+    impls.update(flashinfer_programs(case, x, out))
+    return impls
+
+
+def flashinfer_programs(case: Case, x, out) -> dict:
+    """fiprog:<variant> (PDL on and @nopdl): our flashinfer backend with a pinned program, where
+    the installed flashinfer has it (routed to as flashinfer:<variant>; not an anchor: flashinfer's
+    own call picks its program itself)."""
+    if "e" in case.shape:
+        return {}
+    try:
+        from slim_kernel.backends import flashinfer as fb
+    except ImportError:
+        return {}
+    from slim_kernel.names import FLASHINFER_FUSED_A_PROGRAMS as FLASHINFER_PROGRAMS
+
+    impls = {}
+    for pdl, suffix in ((True, ""), (False, "@nopdl")):
+        for name in FLASHINFER_PROGRAMS:
+            if fb.fused_a_program(name, x.shape[1], pdl) is not None:
+                fn = fb.prepare_fused_a((out, x, case.gemm_arg(case.weights[0])), name, pdl)
+                impls[f"fiprog:{name}{suffix}"] = lambda w, fn=fn: (lambda: fn(out, x, case.gemm_arg(w)))
     return impls
 
 

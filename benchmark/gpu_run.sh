@@ -3,6 +3,8 @@
 # and the benchmarks, leave logs + JSON + PNG in $OUT (<= 8 files), print a summary last.
 #
 #   bash benchmark/gpu_run.sh BUNDLE [STAGE ...]    stages: tests bench eager ncu aot (default: tests bench eager)
+#   PROFILE_ARGS="--ms 1,16 --impls jit:ring,flashinfer"  narrows the ncu stage (profile_gemm.py options)
+#   BENCH_ARGS="--ops fused_a --ms 1,8,16 --large-ms ''"  narrows the bench stage (bench_gemm.py options)
 #
 # BUNDLE: the flashinfer wheel folder carried with the command (.devwheels for 0.7.2.post1:
 # `python3 ../shared/device/make-bundle.py`; .devwheels74 for 0.7.4: `FLASHINFER_VERSION=0.7.4
@@ -67,7 +69,7 @@ fi
 if [[ " $STAGES " == *" bench "* ]]; then
   stamp "bench_gemm (decode step + back to back)"
   python3 benchmark/bench_gemm.py --json "$OUT/bench_gemm.json" --png "$OUT/bench_gemm.png" \
-      --table "$OUT/routing_sm90.json" --skip-variants /tmp/bad_variants ${SGLANG:+--sglang "$SGLANG"} 2>&1 | tee -a "$LOG" | tail -80
+      --table "$OUT/routing_sm90.json" --skip-variants /tmp/bad_variants ${SGLANG:+--sglang "$SGLANG"} ${BENCH_ARGS:-} 2>&1 | tee -a "$LOG" | tail -80
 fi
 if [[ " $STAGES " == *" eager "* ]]; then
   stamp "bench_eager"
@@ -77,7 +79,7 @@ if [[ " $STAGES " == *" ncu "* ]]; then
   stamp "ncu profile"
   ncu --clock-control none --profile-from-start off --nvtx --print-nvtx-rename kernel --csv \
       --metrics "$(cd benchmark && python3 profile_gemm.py --metrics)" \
-      python3 benchmark/profile_gemm.py ${SGLANG:+--sglang "$SGLANG"} >"$OUT/ncu.csv" 2>>"$LOG"
+      python3 benchmark/profile_gemm.py ${SGLANG:+--sglang "$SGLANG"} ${PROFILE_ARGS:-} >"$OUT/ncu.csv" 2>>"$LOG"
   python3 benchmark/ncu_table.py "$OUT/ncu.csv" 2>&1 | tee -a "$LOG" | tail -40
 fi
 if [[ " $STAGES " == *" aot "* && -d csrc/aot_baseline ]]; then

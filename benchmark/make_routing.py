@@ -26,6 +26,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
 from slim_kernel.jit.catalogue import VARIANTS  # noqa: E402  (torch-free)
+from slim_kernel.names import FLASHINFER_FUSED_A_PROGRAMS as FLASHINFER_PROGRAMS  # noqa: E402
 
 SCHEMA = 1
 ANCHOR_PREFIXES = ("flashinfer", "sglang:", "torch")  # the columns of benchmark/anchors.py
@@ -48,9 +49,12 @@ def candidates(op: str, us: dict, pdl: bool) -> dict:
     out = {}
     for name, value in us.items():
         base, _, flag = name.partition("@")
-        if (value is not None and base.startswith("jit:") and (flag == "nopdl") != pdl
-                and base.removeprefix("jit:") in VARIANTS[op]):
+        if value is None or (flag == "nopdl") == pdl:
+            continue
+        if base.startswith("jit:") and base.removeprefix("jit:") in VARIANTS[op]:
             out[base] = round(value, 3)
+        elif base.startswith("fiprog:") and base.removeprefix("fiprog:") in FLASHINFER_PROGRAMS:
+            out["flashinfer:" + base.removeprefix("fiprog:")] = round(value, 3)
     fi = us.get("flashinfer_pdl" if pdl else "flashinfer")
     if fi is not None:
         out["flashinfer"] = round(fi, 3)

@@ -17,6 +17,13 @@ SHORT = {
     "sm__throughput.avg.pct_of_peak_sustained_elapsed": "SM %",
     "smsp__average_warps_issue_stalled_long_scoreboard_per_issue_active.ratio": "stall lsb",
     "smsp__average_warps_issue_stalled_barrier_per_issue_active.ratio": "stall bar",
+    "smsp__average_warps_issue_stalled_lg_throttle_per_issue_active.ratio": "stall lg",
+    "smsp__average_warps_issue_stalled_mio_throttle_per_issue_active.ratio": "stall mio",
+    "smsp__average_warps_issue_stalled_sleeping_per_issue_active.ratio": "stall sleep",
+    "lts__throughput.avg.pct_of_peak_sustained_elapsed": "L2 %",
+    "lts__t_sector_hit_rate.pct": "L2 hit %",
+    "l1tex__throughput.avg.pct_of_peak_sustained_elapsed": "L1 %",
+    "smsp__inst_executed.sum": "insts",
     "launch__grid_size": "grid",
     "launch__block_size": "block",
 }

@@ -19,6 +19,7 @@ import torch
 import slim_kernel as sk
 from slim_kernel import registry
 from slim_kernel.backends import flashinfer_fastpath as fp
+from slim_kernel.names import FLASHINFER_FUSED_A_PROGRAMS
 
 from _inputs import TOL, bmm_fp8_inputs, bmm_fp8_ref, fused_a_ref, randn, rel_err, router_ref
 
@@ -166,7 +167,7 @@ def test_router_kernels_through_the_op(gen, m, e, out_dtype):
     assert rel_err(out, router_ref(h, W)) <= TOL[out_dtype]
 
 
-@pytest.mark.parametrize("m", range(1, 17))
+@pytest.mark.parametrize("m", [*range(1, 17), 24, 40, 64])  # the backend's window is M <= 64
 @pytest.mark.parametrize("kn", [(7168, 2112), (2048, 512)])  # the DeepSeek-V3 fused-A shape, and another
 def test_tinygemm_through_the_op(gen, m, kn):
     k, n = kn
@@ -175,3 +176,25 @@ def test_tinygemm_through_the_op(gen, m, kn):
     _eligible("dsv3_fused_a_gemm", out, a, w.t())
     sk.dsv3_fused_a_gemm(a, w.t(), out, backend="flashinfer")
     assert rel_err(out, fused_a_ref(a, w.t())) <= TOL[torch.bfloat16]
+
+
+@pytest.mark.parametrize("pdl", [True, False])
+@pytest.mark.parametrize("m", [*range(1, 17), 17, 24, 31, 64])
+@pytest.mark.parametrize("variant", sorted(FLASHINFER_FUSED_A_PROGRAMS))
+def test_pinned_tinygemm_program(gen, variant, m, pdl):
+    # The fused-A variants the routing table may name (flashinfer:<variant>), against float64,
+    # for every M the backend admits; skipped where the installed flashinfer lacks the program.
+    from slim_kernel.backends import flashinfer as fb
+
+    k, n = 7168, 2112
+    if fb.fused_a_program(variant, k, pdl) is None:
+        pytest.skip(f"the installed flashinfer has no {FLASHINFER_FUSED_A_PROGRAMS[variant]} program")
+    a, w = randn((m, k), gen, device="cuda"), randn((n, k), gen, device="cuda")
+    out = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
+    run = fb.prepare_fused_a((out, a, w.t()), "s8il", pdl)
+    run(out, a, w.t())
+    torch.cuda.synchronize()
+    assert rel_err(out, fused_a_ref(a, w.t())) <= TOL[torch.bfloat16]
+    first = out.clone()
+    run(out, a, w.t())
+    assert torch.equal(out, first)  # repeats are bit-identical

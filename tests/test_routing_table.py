@@ -12,6 +12,7 @@ import pytest
 
 from slim_kernel import registry, routing
 from slim_kernel.jit import catalogue as cat
+from slim_kernel.names import FLASHINFER_FUSED_A_PROGRAMS as FLASHINFER_PROGRAMS
 from slim_kernel.names import FUSED_A, ROUTER
 
 BACKENDS = {b.value for b in registry.KernelBackend}
@@ -43,11 +44,13 @@ def test_candidates_name_existing_backends_and_configurations(table):
             backend, _, variant = cand.partition(":")
             assert backend in BACKENDS, cand
             assert us > 0
-            if variant:
+            if variant and backend == "flashinfer":
+                assert p.op == FUSED_A and variant in FLASHINFER_PROGRAMS, f"{p.describe()}: {cand}"
+            elif variant:
                 assert backend == "jit" and variant in cat.VARIANTS[p.op], f"{p.describe()}: {cand}"
                 assert cat.variant_serves(cat.VARIANTS[p.op][variant], p.op, p.m), f"{p.describe()}: {cand}"
             if backend == "flashinfer":
-                assert p.m <= 16, "flashinfer serves M <= 16 only"
+                assert p.m <= (64 if p.op == FUSED_A else 16), f"flashinfer does not serve {p.describe()}"
 
 
 def test_selection_is_deterministic(table):

@@ -14,6 +14,7 @@ from flashinfer.gemm import (
     tinygemm_bf16,
 )
 
+from ..names import FLASHINFER_FUSED_A_PROGRAMS as FLASHINFER_PROGRAMS
 from ..pdl import launch_pdl
 from .flashinfer_fastpath import bmm_fp8, fast_path_state  # noqa: F401  (bmm_fp8 is this backend's)
 
@@ -41,8 +42,36 @@ def prepare_router(args, variant: str | None = None, pdl: bool | None = None):
     return run
 
 
+def fused_a_program(variant: str, k: int, pdl: bool) -> str | None:
+    """The flashinfer program name of ``variant`` for this K and launch context, or None where
+    the installed flashinfer does not have it."""
+    tile = FLASHINFER_PROGRAMS.get(variant)
+    if tile is None:
+        raise ValueError(f"unknown flashinfer fused-A variant {variant!r} (known: {', '.join(FLASHINFER_PROGRAMS)})")
+    try:
+        from flashinfer.gemm.routergemm import get_tinygemm2_wgmma_op  # noqa: F401
+        from flashinfer.jit import cake_tinygemm2_wgmma as programs
+    except ImportError:
+        return None
+    # flashinfer's naming: the 3-D-box build where the tile has one and K allows it (as its own
+    # dispatch picks), no bias, PDL or not
+    rest = "_NOBIAS" + ("_PDL" if pdl else "")
+    names = ([tile + "_BOX3D" + rest] if k % 1024 == 0 else []) + [tile + rest]
+    return next((name for name in names if hasattr(programs, name)), None)
+
+
 def prepare_fused_a(args, variant: str | None = None, pdl: bool | None = None):
-    pdl = launch_pdl(device=args[0].device) if pdl is None else pdl
+    output, mat_a, mat_b = args
+    pdl = launch_pdl(device=output.device) if pdl is None else pdl
+    program = fused_a_program(variant, mat_a.shape[1], pdl) if variant else None
+    if program is not None:
+        from flashinfer.gemm.routergemm import get_tinygemm2_wgmma_op
+
+        op = get_tinygemm2_wgmma_op()
+
+        def run_program(output: torch.Tensor, mat_a: torch.Tensor, mat_b: torch.Tensor) -> None:
+            op(program, mat_a.contiguous(), mat_b.t(), None, output)
+        return run_program
 
     def run(output: torch.Tensor, mat_a: torch.Tensor, mat_b: torch.Tensor) -> None:
         # tinygemm computes input @ weight.T with a contiguous (N, K) weight: mat_b.T, no copy.

@@ -7,6 +7,8 @@ in ``kernels/`` (design notes there):
 
   skinny  per-thread cp.async ring, swap-AB mma.sync, split-K over warps and a cluster (both ops)
   narrow  a CTA per few rows over the whole K, CUDA-core FMAs, no cluster (router, M <= 16)
+  ring    loader warps filling an mbarrier ring with cp.async, compute warps on mma.sync, split-K
+          over a cluster (router, M <= 32)
 
 (A tensor-map/mbarrier design for fused-A lost on the H200 by 1.5-4 us at every M and was
 removed; benchmark/results/h200/NOTES_kernels.md has its numbers and profile.)
@@ -116,8 +118,52 @@ class Narrow:
         return self.rows * _mt(m) * self.threads * 4
 
 
-GemmConfig = Skinny | Narrow
-FAMILIES: dict[str, type] = {cls.kernel: cls for cls in (Skinny, Narrow)}
+@dataclass(frozen=True)
+class Ring:
+    kernel = "ring"
+    ops = (ROUTER,)  # fused-A lost at every M (run 24: 10.9-17.7 us vs skinny 10.5-13.1, sglang 9.7-10.2)
+    tk: int = 128  # k per ring stage (compile-time)
+    stages: int = 8  # ring depth (compile-time; fewer where M's stages would not fit)
+    warps: int = 4  # compute warps (compile-time), plus `loaders` weight-loader warps and one activation warp
+    loaders: int = 1
+    split: int = 8  # CTAs per cluster splitting K (launch-time)
+
+    def __post_init__(self):
+        _check(self.tk % 32 == 0 and 32 <= self.tk <= 512 and 2 <= self.stages <= 32 and 1 <= self.warps <= 8
+               and (self.tk // 32) % self.warps == 0 and self.loaders in (1, 2, 4) and (self.tk // 2) % (
+                   32 * self.loaders) == 0 and 1 <= self.split <= MAX_SPLIT, self,
+               f"need tk a multiple of 32 in 32..512, stages 2..32, warps 1..8 dividing tk/32, loaders 1/2/4 "
+               f"dividing tk/64, split 1..{MAX_SPLIT}")
+
+    def max_m(self) -> int:
+        return 32  # past it (4 token tiles) the router's ring lost to skinny and cuBLAS by 1.5x (run 24)
+
+    def _stage(self, m: int) -> int:  # ring_stage_bytes in kernels/ring_gemm.cuh
+        return (2 + token_tiles(m)) * self.tk * 16
+
+    def _fixed(self, stages: int, m: int) -> int:  # ring_barrier_bytes + partials_bytes(1, nt, warps)
+        return _cdiv(stages * 16, 128) * 128 + _partials(1, token_tiles(m), self.warps)
+
+    def stages_for(self, m: int) -> int:
+        fit = (MAX_SMEM - self._fixed(self.stages, m)) // self._stage(m)
+        return max(2, min(self.stages, fit))
+
+    def instance(self, op: str, m: int, out_dtype: str) -> KernelInstance:
+        return _make(op, out_dtype, SK_FAMILY=2, SK_NT=token_tiles(m), SK_TK=self.tk, SK_STAGES=self.stages_for(m),
+                     SK_CW=self.warps, SK_LW=self.loaders)
+
+    def geometry(self, n: int, k: int, sm_count: int) -> tuple[tuple, tuple, tuple | None]:
+        split = max(1, min(self.split, _cdiv(k, self.tk)))
+        return ((_cdiv(n, 16), split, 1), (32 * (self.warps + self.loaders + 1), 1, 1),
+                (1, split, 1) if split > 1 else None)
+
+    def smem(self, m: int) -> int:  # ring_smem_bytes in kernels/ring_gemm.cuh
+        stages = self.stages_for(m)
+        return self._fixed(stages, m) + stages * self._stage(m)
+
+
+GemmConfig = Skinny | Narrow | Ring
+FAMILIES: dict[str, type] = {cls.kernel: cls for cls in (Skinny, Narrow, Ring)}
 
 
 def _partials(rt: int, nt: int, warps: int) -> int:  # partials_bytes in kernels/reduce.cuh
@@ -199,6 +245,7 @@ VARIANTS: dict[str, dict[str, GemmConfig]] = {
         "narrow_r1": Narrow(rows=1, cpt=2, threads=448, tokens=4),  # 2 CTAs/SM need <= 72 registers
         "narrow_r2": Narrow(rows=2, cpt=2, threads=448, tokens=16),
         "narrow_r3": Narrow(rows=3, cpt=2, threads=448, tokens=8),
+        "ring_c8": Ring(tk=128, stages=8, warps=4, loaders=1, split=8),
     },
     FUSED_A: {
         "skinny": Skinny(rt=1, stages=8, warps=8, split=1),

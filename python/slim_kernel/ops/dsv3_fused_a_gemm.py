@@ -15,8 +15,8 @@ from ._dispatch import Op, flashinfer_probe
 def _flashinfer_check(output, mat_a, mat_b) -> str | None:
     m, k = mat_a.shape
     n = mat_b.shape[1]
-    if not 1 <= m <= 16:
-        return f"M={m} is outside 1..16"
+    if not 1 <= m <= 64:
+        return f"M={m} is outside 1..64"
     if k % 64:
         return f"K={k} is not a multiple of 64"
     if n % 16:
@@ -40,14 +40,14 @@ def _shape_key(output, mat_a, mat_b):
 
 # Priority order where nothing was measured: jit, flashinfer, torch. Our kernels
 # (jit/kernels/dsv3_fused_a_gemm.cuh) cover M <= 64, K % 8 == 0, any N, row-strided mat_a, on
-# SM >= 9.0; tinygemm needs K % 64, N % 16, M <= 16.
+# SM >= 9.0; tinygemm needs K % 64, N % 16 (M <= 64 here: the JIT window).
 registry.register(
     KernelSpec(OP, KernelBackend.JIT, "slim_kernel.backends.jit:prepare_fused_a", prepare=True,
                min_sm=(9, 0), check=_jit.fused_a_check, probe=_jit.probe,
                note="our JIT kernels: M<=64, any N, K%8 (skinny: per-thread cp.async ring, split-K over warps)"),
     KernelSpec(OP, KernelBackend.FLASHINFER, "slim_kernel.backends.flashinfer:prepare_fused_a", prepare=True,
                min_sm=(9, 0), check=_flashinfer_check, probe=flashinfer_probe,
-               note="flashinfer tinygemm_bf16(mat_a, mat_b.T)"),
+               note="flashinfer tinygemm_bf16(mat_a, mat_b.T), or a pinned sm_90a program (variant s8il)"),
     KernelSpec(OP, KernelBackend.TORCH, "slim_kernel.backends.torch_ref:dsv3_fused_a_gemm",
                device_types=frozenset({"cpu", "cuda"}), note="fp32-accumulating reference, any shape"),
 )

@@ -1,24 +1,30 @@
 // dsv3_router_gemm: logits(M, E) = hidden_states(M, K) bf16 @ router_weight(E, K)^T, fp32 accumulation,
 // fp32 or bf16 logits. M <= 16, any E (256/384 tuned), K % 8 == 0 (7168 tuned).
-// Kernel bodies: skinny_gemm.cuh (SK_FAMILY 0) and narrow_gemm.cuh (1); design notes there.
+// Kernel bodies: skinny_gemm.cuh (SK_FAMILY 0), narrow_gemm.cuh (1) and ring_gemm.cuh (2); design
+// notes there.
 // Instances, launch geometry and shared memory: slim_kernel/jit/catalogue.py.
 // slim:limits max_registers=168 max_spill_bytes=0 max_smem_static=0
 //
 // Compile-time parameters (-D), all passed by the catalogue:
-//   SK_FAMILY   0 skinny, 1 narrow
+//   SK_FAMILY   0 skinny, 1 narrow, 2 ring
 //   SK_OUT_BF16 1: bf16 logits, 0: fp32 logits
 //   skinny: SK_NT (token tiles of 8), SK_RT (16-row weight tiles per CTA), SK_STAGES (cp.async ring depth)
 //   narrow: SK_ROWS (rows per CTA), SK_MT (max tokens), SK_CPT (16-byte chunks per thread per row),
 //           SK_THREADS (block size)
+//   ring:   SK_NT, SK_TK (k per stage), SK_STAGES, SK_CW (compute warps), SK_LW (weight-loader warps)
 #include "narrow_gemm.cuh"
+#include "ring_gemm.cuh"
 #include "skinny_gemm.cuh"
 
 // The block bound: 10 warps, the most a skinny configuration launches (catalogue.Skinny: warps
-// <= 10), or the narrow kernel's compile-time block size; one CTA per SM is the design point.
+// <= 10), the narrow kernel's compile-time block size, or the ring's compute + loader warps; one
+// CTA per SM is the design point.
 #if SK_FAMILY == 0
 #define SK_BLOCK_BOUND 320
-#else
+#elif SK_FAMILY == 1
 #define SK_BLOCK_BOUND SK_THREADS
+#else
+#define SK_BLOCK_BOUND (32 * (SK_CW + SK_LW + 1))
 #endif
 
 extern "C" __global__ void __launch_bounds__(SK_BLOCK_BOUND, 1)
@@ -27,8 +33,11 @@ dsv3_router_gemm_kernel(const __nv_bfloat16* __restrict__ hidden_states, const _
 #if SK_FAMILY == 0
     slim::skinny_gemm<SK_RT, SK_NT, SK_STAGES, SK_OUT_BF16 != 0>(hidden_states, router_weights, out, M, E, K, ld_hidden,
                                                                 ld_weight, ld_out);
-#else
+#elif SK_FAMILY == 1
     slim::narrow_gemm<SK_ROWS, SK_MT, SK_CPT, SK_THREADS, SK_OUT_BF16 != 0>(hidden_states, router_weights, out, M, E, K,
                                                                            ld_hidden, ld_weight, ld_out);
+#else
+    slim::ring_gemm<SK_NT, SK_TK, SK_STAGES, SK_CW, SK_LW, SK_OUT_BF16 != 0>(hidden_states, router_weights, out,
+                                                                                       M, E, K, ld_hidden, ld_weight, ld_out);
 #endif
 }

@@ -1,4 +1,4 @@
-// PTX wrappers shared by the GEMM bodies (skinny_gemm.cuh, narrow_gemm.cuh).
+// PTX wrappers shared by the GEMM bodies (skinny_gemm.cuh, narrow_gemm.cuh, ring_gemm.cuh).
 // Device code only, no host code and no std headers: NVRTC, nvcc -cubin and the AOT baseline
 // all compile it. Everything here needs SM >= 9.0 (griddepcontrol, clusters).
 #pragma once
@@ -84,6 +84,38 @@ __device__ __forceinline__ unsigned mapa(unsigned local_addr, unsigned rank) {
     unsigned remote;
     asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(local_addr), "r"(rank));
     return remote;
+}
+
+// mbarriers, for ring_gemm.cuh.
+__device__ __forceinline__ void mbar_init(unsigned bar, unsigned count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(unsigned bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(bar) : "memory");
+}
+// An arrival on bar once every cp.async this thread issued so far has landed (the barrier's
+// expected count is not raised: it was set at init).
+__device__ __forceinline__ void cp_async_mbar_arrive_noinc(unsigned bar) {
+    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" :: "r"(bar) : "memory");
+}
+__device__ __forceinline__ bool mbar_try_wait(unsigned bar, unsigned parity) {
+    unsigned done;
+    asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+                 : "=r"(done) : "r"(bar), "r"(parity) : "memory");
+    return done != 0;
+}
+__device__ __forceinline__ unsigned long long globaltimer_ns() {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;\n" : "=l"(t));
+    return t;
+}
+// Waits for the phase of `parity` to complete. A phase that never completes (a layout bug) traps
+// after 20 s instead of hanging the stream; no producer kernel of a decode step runs that long.
+__device__ __forceinline__ void mbar_wait(unsigned bar, unsigned parity) {
+    if (mbar_try_wait(bar, parity)) return;
+    const unsigned long long t0 = globaltimer_ns();
+    while (!mbar_try_wait(bar, parity))
+        if (globaltimer_ns() - t0 > 20000000000ull) asm volatile("trap;");
 }
 
 template <bool OUT_BF16>
