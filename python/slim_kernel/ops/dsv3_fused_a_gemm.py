@@ -47,7 +47,7 @@ registry.register(
                note="our JIT kernels: M<=64, any N, K%8 (skinny: per-thread cp.async ring, split-K over warps)"),
     KernelSpec(OP, KernelBackend.FLASHINFER, "slim_kernel.backends.flashinfer:prepare_fused_a", prepare=True,
                min_sm=(9, 0), check=_flashinfer_check, probe=flashinfer_probe,
-               note="flashinfer tinygemm_bf16(mat_a, mat_b.T), or a pinned sm_90a program (variant s8il)"),
+               note="flashinfer tinygemm_bf16(mat_a, mat_b.T), or a pinned sm_90a program (variants s8il, cn16)"),
     KernelSpec(OP, KernelBackend.TORCH, "slim_kernel.backends.torch_ref:dsv3_fused_a_gemm",
                device_types=frozenset({"cpu", "cuda"}), note="fp32-accumulating reference, any shape"),
 )
