@@ -1,4 +1,5 @@
-// Deterministic reductions of the mma.sync GEMM body (skinny_gemm.cuh): warp partials, cluster sums.
+// The swap-AB mma.sync GEMM bodies' shared steps (skinny_gemm.cuh, ring_gemm.cuh): the MMAs of one
+// 32-k block of K-permuted fragments, and deterministic reductions (warp partials, cluster sums).
 //
 // Fragment layout: a warp's swap-AB accumulators acc[RT][NT][4] hold, for row tile r and token
 // tile n, D(16 weight rows x 8 tokens) of mma.m16n8k16: lane (g = lane/4, t = lane%4) has
@@ -17,6 +18,21 @@ __device__ __forceinline__ void zero_acc(float (&acc)[RT][NT][4]) {
         for (int n = 0; n < NT; ++n)
 #pragma unroll
             for (int i = 0; i < 4; ++i) acc[r][n][i] = 0.f;
+}
+
+// The MMAs of one 32-k block: v[2r], v[2r+1] hold weight rows g, g+8 of row tile r and v[2RT+n]
+// token g of token tile n, 8 consecutive k each (lane (g, t) owns k = 8t..8t+7); the two k16
+// steps take k pairs {0,1},{2,3} and {4,5},{6,7} of them, the same permutation for A and B.
+template <int RT, int NT>
+__device__ __forceinline__ void mma_block(float (&acc)[RT][NT][4], const unsigned (&v)[2 * RT + NT][4]) {
+#pragma unroll
+    for (int s = 0; s < 2; ++s)
+#pragma unroll
+        for (int r = 0; r < RT; ++r)
+#pragma unroll
+            for (int n = 0; n < NT; ++n)
+                mma_bf16_16816(acc[r][n], v[2 * r][2 * s], v[2 * r + 1][2 * s], v[2 * r][2 * s + 1], v[2 * r + 1][2 * s + 1],
+                               v[2 * RT + n][2 * s], v[2 * RT + n][2 * s + 1]);
 }
 
 // Shared memory for the warp partials and the CTA sums (floats).

@@ -124,12 +124,7 @@ __device__ __forceinline__ void ring_gemm(const __nv_bfloat16* __restrict__ act,
                 unsigned v[L][4];
 #pragma unroll
                 for (int l = 0; l < L; ++l) lds128(blk + l * 512, v[l]);
-#pragma unroll
-                for (int h = 0; h < 2; ++h)
-#pragma unroll
-                    for (int n = 0; n < NT; ++n)
-                        mma_bf16_16816(acc[0][n], v[0][2 * h], v[1][2 * h], v[0][2 * h + 1], v[1][2 * h + 1],
-                                       v[2 + n][2 * h], v[2 + n][2 * h + 1]);
+                mma_block<1, NT>(acc, v);
             }
             __syncwarp();  // every lane's fragments are in registers (consumed by the MMAs above)
             if (lane == 0) mbar_arrive(empty + 8 * s);

@@ -123,14 +123,7 @@ __device__ __forceinline__ void skinny_gemm(const __nv_bfloat16* __restrict__ ac
         const unsigned base = ring + (unsigned)(rd * L * 512);
 #pragma unroll
         for (int l = 0; l < L; ++l) lds128(base + l * 512, v[l]);
-#pragma unroll
-        for (int s = 0; s < 2; ++s)
-#pragma unroll
-            for (int r = 0; r < RT; ++r)
-#pragma unroll
-                for (int n = 0; n < NT; ++n)
-                    mma_bf16_16816(acc[r][n], v[2 * r][2 * s], v[2 * r + 1][2 * s], v[2 * r][2 * s + 1],
-                                   v[2 * r + 1][2 * s + 1], v[2 * RT + n][2 * s], v[2 * RT + n][2 * s + 1]);
+        mma_block<RT, NT>(acc, v);
         rd = rd + 1 == STAGES ? 0 : rd + 1;
         wr = wr + 1 == STAGES ? 0 : wr + 1;
     }
