@@ -7,8 +7,8 @@
 //    2*TK bytes, each read by one warp instruction (full 128-byte lines, no partial sectors).
 //  * LW weight-loader warps and one activation-loader warp fill a STAGES-deep ring with 16-byte
 //    cp.async and signal a stage's "full" mbarrier with cp.async.mbarrier.arrive.noinc: no
-//    loader ever waits for its own copies, so the whole ring (up to ~190 KB per SM) is in
-//    flight. Loaders wait only for a stage's "empty" mbarrier before refilling it.
+//    loader ever waits for its own copies, so the whole ring is in flight. Loaders wait only for
+//    a stage's "empty" mbarrier before refilling it.
 //  * The weight loaders start at entry, before griddepcontrol.wait (weights are model
 //    parameters); the activation loader and the compute warps wait first. With PDL the ring
 //    fills while the previous kernel finishes.
