@@ -5,6 +5,7 @@
 #   bash benchmark/gpu_run.sh BUNDLE [STAGE ...]    stages: tests bench eager ncu aot (default: tests bench eager)
 #   PROFILE_ARGS="--ms 1,16 --impls jit:ring,flashinfer"  narrows the ncu stage (profile_gemm.py options)
 #   BENCH_ARGS="--ops fused_a --ms 1,8,16 --large-ms ''"  narrows the bench stage (bench_gemm.py options)
+#   TEST_K="stream"  narrows the tests stage (pytest -k)
 #
 # BUNDLE: the flashinfer wheel folder carried with the command (.devwheels for 0.7.2.post1:
 # `python3 ../shared/device/make-bundle.py`; .devwheels74 for 0.7.4: `FLASHINFER_VERSION=0.7.4
@@ -59,7 +60,8 @@ if [[ " $STAGES " == *" tests "* ]]; then
   # The kernel matrix runs in its own process: a kernel that traps poisons its CUDA context.
   for part in "tests --ignore=tests/test_kernels_gpu.py" "tests/test_kernels_gpu.py"; do
     stamp "pytest -m gpu $part"
-    python3 -m pytest $part -m gpu -q -p no:cacheprovider --maxfail=50 -o addopts="" -rfEs >/tmp/pytest_gpu.log 2>&1
+    python3 -m pytest $part -m gpu ${TEST_K:+-k "$TEST_K"} -q -p no:cacheprovider --maxfail=50 -o addopts="" -rfEs \
+        >/tmp/pytest_gpu.log 2>&1
     cat /tmp/pytest_gpu.log >>"$LOG"
     grep -E "^(FAILED|ERROR)" /tmp/pytest_gpu.log | head -12
     summary+=("pytest -m gpu $part: $(tail -1 /tmp/pytest_gpu.log)")

@@ -95,12 +95,15 @@ def test_smem_formulas_match_the_kernels(tmp_path):
                     expr = f"slim::skinny_smem_bytes({d['SK_RT']}, {d['SK_NT']}, {d['SK_STAGES']}, {cfg.warps})"
                 elif isinstance(cfg, cat.Ring):
                     expr = f"slim::ring_smem_bytes({d['SK_NT']}, {d['SK_TK']}, {d['SK_STAGES']}, {d['SK_CW']})"
+                elif isinstance(cfg, cat.Stream):
+                    expr = f"slim::stream_smem_bytes({d['SK_NT']}, {d['SK_STAGES']})"
                 else:
                     expr = f"slim::narrow_smem_bytes({d['SK_ROWS']}, {d['SK_MT']}, {d['SK_THREADS']})"
                 cases.append((expr, cfg.smem(m)))
     src = tmp_path / "formulas.cu"
     body = "\n".join(f'    printf("%d\\n", {expr});' for expr, _ in cases)
     src.write_text('#include <cstdio>\n#include "skinny_gemm.cuh"\n#include "narrow_gemm.cuh"\n#include "ring_gemm.cuh"\n'
+                   '#include "stream_gemm.cuh"\n'
                    f'int main() {{\n{body}\n    return 0;\n}}\n')
     exe = tmp_path / "formulas"
     proc = subprocess.run([_nvcc(), "-std=c++17", "-I", str(KERNELS), str(src), "-o", str(exe)],

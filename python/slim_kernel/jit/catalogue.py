@@ -2,13 +2,15 @@
 
 Torch-free (the AOT baseline and precompile read it without torch). Both JIT ops are one skinny
 GEMM, ``out(M, N) = act(M, K) @ W(N, K)^T`` (the router: W = the (E, K) router weight, fp32 or
-bf16 out; fused-A: W = ``mat_b.T``, bf16 out), served by three kernel families whose sources live
+bf16 out; fused-A: W = ``mat_b.T``, bf16 out), served by four kernel families whose sources live
 in ``kernels/`` (design notes there):
 
   skinny  per-thread cp.async ring, swap-AB mma.sync, split-K over warps and a cluster (both ops)
   narrow  a CTA per few rows over the whole K, CUDA-core FMAs, no cluster (router, M <= 16)
   ring    loader warps filling an mbarrier ring with cp.async, compute warps on mma.sync, split-K
           over a cluster (router, M <= 32)
+  stream  weight and token loader warps filling an mbarrier ring, four compute warps each owning a
+          quarter of K, a CTA per 16 rows (fused-A, M <= 32)
 
 (A tensor-map/mbarrier design for fused-A lost on the H200 by 1.5-4 us at every M and was
 removed; benchmark/results/h200/NOTES_kernels.md has its numbers and profile.)
@@ -162,8 +164,36 @@ class Ring:
         return self._fixed(stages, m) + stages * self._stage(m)
 
 
-GemmConfig = Skinny | Narrow | Ring
-FAMILIES: dict[str, type] = {cls.kernel: cls for cls in (Skinny, Narrow, Ring)}
+@dataclass(frozen=True)
+class Stream:
+    kernel = "stream"
+    ops = (FUSED_A,)  # a CTA per 16 rows and no split-K: the router's 256-384 rows would fill 16-24 SMs
+    stages: int = 16  # ring depth (compile-time; fewer where M's stages would not fit)
+
+    def __post_init__(self):
+        _check(2 <= self.stages <= 64, self, "need stages 2..64")
+
+    def max_m(self) -> int:
+        return 32  # 4 token tiles (stream_gemm.cuh: NT <= 4)
+
+    def stages_for(self, m: int) -> int:  # stream_smem_bytes in kernels/stream_gemm.cuh
+        nt = token_tiles(m)
+        fit = (MAX_SMEM - 1024 - _partials(1, nt, 4)) // ((16 + 8 * nt) * 512)
+        return max(2, min(self.stages, fit))
+
+    def instance(self, op: str, m: int, out_dtype: str) -> KernelInstance:
+        return _make(op, out_dtype, SK_FAMILY=3, SK_NT=token_tiles(m), SK_STAGES=self.stages_for(m))
+
+    def geometry(self, n: int, k: int, sm_count: int) -> tuple[tuple, tuple, tuple | None]:
+        return (_cdiv(n, 16), 1, 1), (256, 1, 1), None
+
+    def smem(self, m: int) -> int:
+        nt = token_tiles(m)
+        return 1024 + self.stages_for(m) * (16 + 8 * nt) * 512 + _partials(1, nt, 4)
+
+
+GemmConfig = Skinny | Narrow | Ring | Stream
+FAMILIES: dict[str, type] = {cls.kernel: cls for cls in (Skinny, Narrow, Ring, Stream)}
 
 
 def _partials(rt: int, nt: int, warps: int) -> int:  # partials_bytes in kernels/reduce.cuh
@@ -250,6 +280,8 @@ VARIANTS: dict[str, dict[str, GemmConfig]] = {
     FUSED_A: {
         "skinny": Skinny(rt=1, stages=8, warps=8, split=1),
         "skinny_w10": Skinny(rt=1, stages=6, warps=10, split=1),
+        "stream": Stream(stages=16),
+        "stream_s8": Stream(stages=8),
     },
 }
 FALLBACK_VARIANT = "skinny"  # serves every M of both ops: the choice where nothing was measured

@@ -1,4 +1,4 @@
-// PTX wrappers shared by the GEMM bodies (skinny_gemm.cuh, narrow_gemm.cuh, ring_gemm.cuh).
+// PTX wrappers shared by the GEMM bodies (skinny_gemm.cuh, narrow_gemm.cuh, ring_gemm.cuh, stream_gemm.cuh).
 // Device code only, no host code and no std headers: NVRTC, nvcc -cubin and the AOT baseline
 // all compile it. Everything here needs SM >= 9.0 (griddepcontrol, clusters).
 #pragma once
@@ -28,12 +28,23 @@ __device__ __forceinline__ void cp_async16(unsigned dst, const void* src, int sr
     asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;\n"
                  :: "r"(dst), "l"(src), "r"(src_bytes) : "memory");
 }
+// The same with a 128-byte L2 prefetch: for streams whose warp instructions each read whole
+// 128-byte lines of four places (stream_gemm.cuh), where a 256-byte prefetch fetches lines twice.
+__device__ __forceinline__ void cp_async16_l2_128(unsigned dst, const void* src, int src_bytes) {
+    asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16, %2;\n"
+                 :: "r"(dst), "l"(src), "r"(src_bytes) : "memory");
+}
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 template <int N>
 __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" :: "n"(N) : "memory"); }
 
 __device__ __forceinline__ void lds128(unsigned addr, unsigned (&v)[4]) {
     asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(v[0]), "=r"(v[1]), "=r"(v[2]), "=r"(v[3]) : "r"(addr));
+}
+// Four 8x8 b16 matrices from shared memory: lanes 8i..8i+7 give the row addresses of matrix i.
+__device__ __forceinline__ void ldsm_x4(unsigned addr, unsigned (&v)[4]) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                  : "=r"(v[0]), "=r"(v[1]), "=r"(v[2]), "=r"(v[3]) : "r"(addr));
 }
 // 16-byte global load that bypasses L1 (read-only data: weights and activations).
@@ -86,7 +97,7 @@ __device__ __forceinline__ unsigned mapa(unsigned local_addr, unsigned rank) {
     return remote;
 }
 
-// mbarriers, for ring_gemm.cuh.
+// mbarriers, for ring_gemm.cuh and stream_gemm.cuh.
 __device__ __forceinline__ void mbar_init(unsigned bar, unsigned count) {
     asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(bar), "r"(count) : "memory");
 }

@@ -1,4 +1,4 @@
-// The swap-AB mma.sync GEMM bodies' shared steps (skinny_gemm.cuh, ring_gemm.cuh): the MMAs of one
+// The swap-AB mma.sync GEMM bodies' shared steps (skinny_gemm.cuh, ring_gemm.cuh, stream_gemm.cuh): the MMAs of one
 // 32-k block of K-permuted fragments, and deterministic reductions (warp partials, cluster sums).
 //
 // Fragment layout: a warp's swap-AB accumulators acc[RT][NT][4] hold, for row tile r and token
@@ -64,6 +64,17 @@ __device__ __forceinline__ float sum_partials(const float* red, int nwarps, int 
 #pragma unroll 4
     for (int wi = 0; wi < nwarps; ++wi) s += red[wi * FR * 32 + p];
     return s;
+}
+
+// Sums the warp partials of one 16-row tile (fixed warp order) and stores outputs o = token * 16 +
+// row_local for the m_used tokens and the rows below N.
+template <int NT, bool OUT_BF16>
+__device__ __forceinline__ void store_tile_sums(const float* red, int nwarps, int m_used, void* __restrict__ out, int ldo,
+                                                int row0, int N) {
+    for (int o = threadIdx.x; o < m_used * 16; o += blockDim.x) {
+        const int tok = o >> 4, rl = o & 15;
+        if (row0 + rl < N) store_out<OUT_BF16>(out, (long long)tok * ldo + row0 + rl, sum_partials<1, NT>(red, nwarps, o));
+    }
 }
 
 // Largest cluster the pull reduction sums (MAX_SPLIT in slim_kernel/jit/catalogue.py).
