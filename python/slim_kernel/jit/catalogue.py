@@ -168,7 +168,7 @@ class Ring:
 class Stream:
     kernel = "stream"
     ops = (FUSED_A,)  # a CTA per 16 rows and no split-K: the router's 256-384 rows would fill 16-24 SMs
-    stages: int = 16  # ring depth (compile-time; fewer where M's stages would not fit)
+    stages: int = 8  # ring depth (compile-time; fewer where M's stages would not fit)
 
     def __post_init__(self):
         _check(2 <= self.stages <= 64, self, "need stages 2..64")
@@ -280,8 +280,9 @@ VARIANTS: dict[str, dict[str, GemmConfig]] = {
     FUSED_A: {
         "skinny": Skinny(rt=1, stages=8, warps=8, split=1),
         "skinny_w10": Skinny(rt=1, stages=6, warps=10, split=1),
-        "stream": Stream(stages=16),
-        "stream_s8": Stream(stages=8),
+        "stream": Stream(stages=8),
+        "stream_s12": Stream(stages=12),
+        "stream_s16": Stream(stages=16),
     },
 }
 FALLBACK_VARIANT = "skinny"  # serves every M of both ops: the choice where nothing was measured

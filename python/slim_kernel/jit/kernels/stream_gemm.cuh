@@ -41,26 +41,25 @@ __device__ __forceinline__ unsigned stream_slot(int r, int c) { return (unsigned
 template <int J, int STAGES, int STAGE>
 __device__ __forceinline__ void stream_load(const __nv_bfloat16* __restrict__ src, int ld, int wr, int valid, int lane,
                                             int R, int K, int nst, unsigned full, unsigned empty, unsigned tile) {
-    const int k0 = (lane >> 3) * R + (lane & 7) * 8;  // this lane's k in stage 0
-    const __nv_bfloat16* from[J];  // per row: its chunk of stage 0 (addresses and offsets fixed before the loop)
+    int k = (lane >> 3) * R + (lane & 7) * 8;  // this lane's k in the current stage
+    // Fixed before the loop, which only advances one pointer: rows are rstep bytes apart, and to[j]
+    // is where row j's chunk goes in stage 0.
+    const char* row = reinterpret_cast<const char*>(src + (long long)wr * ld);
+    const char* from = row + 2 * k;
+    const long long rstep = 4LL * ld;  // bytes between rows wr + 2j and wr + 2j + 2
     unsigned to[J];
-    bool ok[J];
 #pragma unroll
-    for (int j = 0; j < J; ++j) {
-        const int r = wr + 2 * j;
-        ok[j] = r < valid;
-        from[j] = src + (long long)(ok[j] ? r : 0) * ld + k0;
-        to[j] = stream_slot(r, lane);
-    }
-    for (int s = 0; s < nst; ++s) {
+    for (int j = 0; j < J; ++j) to[j] = tile + stream_slot(wr + 2 * j, lane);
+    const int rows = valid - wr > 0 ? (valid - wr + 1) / 2 : 0;  // rows j < rows are copied
+    for (int s = 0; s < nst; ++s, k += 64, from += 128) {
         const int slot = s % STAGES;
         if (s >= STAGES) mbar_wait(empty + 8 * slot, ((s / STAGES) & 1) ^ 1);
-        const bool kok = k0 + 64 * s < K;  // else zeros (no bytes read)
-        const int koff = kok ? 64 * s : 0;
-        const unsigned base = tile + (unsigned)(slot * STAGE);
+        const int bytes = k < K ? 16 : 0;  // zeros past K, from an address inside the row
+        const char* at = k < K ? from : row;
+        const unsigned base = (unsigned)(slot * STAGE);
 #pragma unroll
         for (int j = 0; j < J; ++j)
-            if (ok[j]) cp_async16_l2_128(base + to[j], from[j] + koff, kok ? 16 : 0);
+            if (j < rows) cp_async16_l2_128(base + to[j], at + j * rstep, bytes);
         cp_async_mbar_arrive_noinc(full + 8 * slot);
     }
 }
