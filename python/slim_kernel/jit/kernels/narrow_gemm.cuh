@@ -10,8 +10,7 @@
 //    FMAs (CUDA cores; ROWS*M*K per CTA is small for few rows and tokens).
 //  * Reduction in a fixed order: every thread's ROWS*M partials go to shared memory (value-major,
 //    conflict-free), then warp w sums outputs w, w+WARPS, ...: each lane adds WARPS partials,
-//    then a butterfly over the lanes. SHFL instead sums each warp's lanes by a butterfly first and
-//    puts only WARPS partials per output in shared memory. Repeated runs are bit-identical.
+//    then a butterfly over the lanes. Repeated runs are bit-identical.
 //
 // Launch contract (slim_kernel/jit/catalogue.py, family "narrow"):
 //   grid (ceil(N / ROWS)), block THREADS, dynamic smem = narrow_smem_bytes(ROWS, MT, THREADS).
@@ -31,7 +30,7 @@ __device__ __forceinline__ void bf16x8_to_f32(const unsigned (&v)[4], float (&f)
     }
 }
 
-template <int ROWS, int MT, int CPT, int THREADS, bool SHFL, bool OUT_BF16>
+template <int ROWS, int MT, int CPT, int THREADS, bool OUT_BF16>
 __device__ __forceinline__ void narrow_gemm(const __nv_bfloat16* __restrict__ act, const __nv_bfloat16* __restrict__ w,
                                             void* __restrict__ out, int M, int N, int K, int lda, int ldw, int ldo) {
     static_assert(ROWS >= 1 && ROWS <= 8 && MT >= 1 && MT <= 16 && CPT >= 1 && THREADS % 32 == 0, "bad narrow config");
@@ -103,29 +102,6 @@ __device__ __forceinline__ void narrow_gemm(const __nv_bfloat16* __restrict__ ac
         }
     }
 
-    if constexpr (SHFL) {
-        // Each warp's sum first (butterfly), then the WARPS partials of every output in warp order.
-#pragma unroll
-        for (int r = 0; r < ROWS; ++r)
-#pragma unroll
-            for (int m = 0; m < MT; ++m) {
-                if (m >= m_used) break;
-                float s = acc[r][m];
-#pragma unroll
-                for (int d = 16; d >= 1; d >>= 1) s += __shfl_xor_sync(0xffffffffu, s, d);
-                if ((tid & 31) == 0) red[(r * MT + m) * WARPS + (tid >> 5)] = s;
-            }
-        __syncthreads();
-        for (int v = tid; v < ROWS * m_used; v += THREADS) {
-            const int r = v / m_used, m = v - r * m_used;
-            const float* col = red + (r * MT + m) * WARPS;
-            float s = 0.f;
-#pragma unroll
-            for (int i = 0; i < WARPS; ++i) s += col[i];
-            if (row0 + r < N) store_out<OUT_BF16>(out, (long long)m * ldo + row0 + r, s);
-        }
-        return;
-    }
 #pragma unroll
     for (int r = 0; r < ROWS; ++r)
 #pragma unroll
