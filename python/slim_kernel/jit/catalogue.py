@@ -169,10 +169,9 @@ class Stream:
     kernel = "stream"
     ops = (FUSED_A,)  # a CTA per 16 rows and no split-K: the router's 256-384 rows would fill 16-24 SMs
     stages: int = 8  # ring depth (compile-time; fewer where M's stages would not fit)
-    prefetch: int = 0  # weight stages past the ring asked of L2 at entry (compile-time)
 
     def __post_init__(self):
-        _check(2 <= self.stages <= 64 and 0 <= self.prefetch <= 64, self, "need stages 2..64, prefetch 0..64")
+        _check(2 <= self.stages <= 64, self, "need stages 2..64")
 
     def max_m(self) -> int:
         return 32  # 4 token tiles (stream_gemm.cuh: NT <= 4)
@@ -183,8 +182,7 @@ class Stream:
         return max(2, min(self.stages, fit))
 
     def instance(self, op: str, m: int, out_dtype: str) -> KernelInstance:
-        return _make(op, out_dtype, SK_FAMILY=3, SK_NT=token_tiles(m), SK_STAGES=self.stages_for(m),
-                     SK_PREFETCH=self.prefetch)
+        return _make(op, out_dtype, SK_FAMILY=3, SK_NT=token_tiles(m), SK_STAGES=self.stages_for(m))
 
     def geometry(self, n: int, k: int, sm_count: int) -> tuple[tuple, tuple, tuple | None]:
         return (_cdiv(n, 16), 1, 1), (256, 1, 1), None
@@ -283,8 +281,6 @@ VARIANTS: dict[str, dict[str, GemmConfig]] = {
         "skinny": Skinny(rt=1, stages=8, warps=8, split=1),
         "skinny_w10": Skinny(rt=1, stages=6, warps=10, split=1),
         "stream": Stream(stages=8),  # 4, 6, 12 and 16 stages lost at every M (runs 32-35)
-        "stream_pf8": Stream(stages=8, prefetch=8),
-        "stream_pf16": Stream(stages=8, prefetch=16),
     },
 }
 FALLBACK_VARIANT = "skinny"  # serves every M of both ops: the choice where nothing was measured

@@ -34,10 +34,6 @@ __device__ __forceinline__ void cp_async16_l2_128(unsigned dst, const void* src,
     asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16, %2;\n"
                  :: "r"(dst), "l"(src), "r"(src_bytes) : "memory");
 }
-// Asks L2 to fetch `bytes` (a multiple of 16) from global memory; nothing lands in shared memory.
-__device__ __forceinline__ void prefetch_l2_bulk(const void* src, unsigned bytes) {
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" :: "l"(src), "r"(bytes) : "memory");
-}
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 template <int N>
 __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" :: "n"(N) : "memory"); }

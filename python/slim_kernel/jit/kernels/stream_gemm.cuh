@@ -16,7 +16,6 @@
 //    accumulator rows and columns that are never stored. k >= K reads zeros on both sides.
 //  * PDL: the weight loaders start at entry, the token loaders after griddepcontrol.wait (the
 //    compute warps and the stores follow the token copies, so they also follow the wait).
-//    PREFETCH > 0: the weight loaders also ask L2 at entry for that many stages past the ring.
 //  * The four compute warps' partials are summed in a fixed order (reduce.cuh).
 //
 // Launch contract (slim_kernel/jit/catalogue.py, family "stream"):
@@ -39,7 +38,7 @@ __device__ __forceinline__ unsigned stream_slot(int r, int c) { return (unsigned
 
 // One loader warp's side of the ring: rows wr + 2j (j < J, only those < valid) of src, the
 // lane's chunk of each region, into the tile at `tile` of every stage.
-template <int J, int STAGES, int STAGE, int PREFETCH>
+template <int J, int STAGES, int STAGE>
 __device__ __forceinline__ void stream_load(const __nv_bfloat16* __restrict__ src, int ld, int wr, int valid, int lane,
                                             int R, int K, int nst, unsigned full, unsigned empty, unsigned tile) {
     int k = (lane >> 3) * R + (lane & 7) * 8;  // this lane's k in the current stage
@@ -52,19 +51,6 @@ __device__ __forceinline__ void stream_load(const __nv_bfloat16* __restrict__ sr
 #pragma unroll
     for (int j = 0; j < J; ++j) to[j] = tile + stream_slot(wr + 2 * j, lane);
     const int rows = valid - wr > 0 ? (valid - wr + 1) / 2 : 0;  // rows j < rows are copied
-    if (PREFETCH > 0 && (lane & 7) == 0) {
-        // The PREFETCH stages after the ring's first fill, asked of L2 at entry (one bulk prefetch
-        // per row and region): a PDL launch then fetches more than the ring holds while the
-        // previous kernel runs.
-        const int lo = k + 64 * STAGES;
-        int hi = k + 64 * (STAGES + PREFETCH);
-        hi = hi < k + R ? hi : k + R;  // this region's end
-        hi = hi < K ? hi : K;
-        if (hi > lo)
-#pragma unroll
-            for (int j = 0; j < J; ++j)
-                if (j < rows) prefetch_l2_bulk(from + 128 * STAGES + j * rstep, (unsigned)(2 * (hi - lo)));
-    }
     for (int s = 0; s < nst; ++s, k += 64, from += 128) {
         const int slot = s % STAGES;
         if (s >= STAGES) mbar_wait(empty + 8 * slot, ((s / STAGES) & 1) ^ 1);
@@ -78,7 +64,7 @@ __device__ __forceinline__ void stream_load(const __nv_bfloat16* __restrict__ sr
     }
 }
 
-template <int NT, int STAGES, int PREFETCH, bool OUT_BF16>
+template <int NT, int STAGES, bool OUT_BF16>
 __device__ __forceinline__ void stream_gemm(const __nv_bfloat16* __restrict__ act, const __nv_bfloat16* __restrict__ w,
                                             void* __restrict__ out, int M, int N, int K, int lda, int ldw, int ldo) {
     static_assert(NT >= 1 && NT <= 4 && STAGES >= 2 && STAGES <= 64, "bad stream config");
@@ -109,10 +95,10 @@ __device__ __forceinline__ void stream_gemm(const __nv_bfloat16* __restrict__ ac
     __syncthreads();
 
     if (warp < 2) {
-        stream_load<8, STAGES, STAGE, PREFETCH>(w + (long long)row0 * ldw, ldw, warp, N - row0, lane, R, K, nst, full, empty, ring);
+        stream_load<8, STAGES, STAGE>(w + (long long)row0 * ldw, ldw, warp, N - row0, lane, R, K, nst, full, empty, ring);
     } else if (warp < 4) {
         pdl_wait();
-        stream_load<4 * NT, STAGES, STAGE, 0>(act, lda, warp - 2, m_used, lane, R, K, nst, full, empty,
+        stream_load<4 * NT, STAGES, STAGE>(act, lda, warp - 2, m_used, lane, R, K, nst, full, empty,
                                            ring + kStreamWeightTile);
     } else {
         const int cw = warp - 4;  // region
