@@ -96,8 +96,7 @@ def test_smem_formulas_match_the_kernels(tmp_path):
                 elif isinstance(cfg, cat.Ring):
                     expr = f"slim::ring_smem_bytes({d['SK_NT']}, {d['SK_TK']}, {d['SK_STAGES']}, {d['SK_CW']})"
                 elif isinstance(cfg, cat.Stream):
-                    in_ring = "true" if d["SK_IN_RING"] else "false"
-                    expr = f"slim::stream_smem_bytes({d['SK_NT']}, {d['SK_STAGES']}, {in_ring})"
+                    expr = f"slim::stream_smem_bytes({d['SK_NT']}, {d['SK_STAGES']})"
                 else:
                     expr = f"slim::narrow_smem_bytes({d['SK_ROWS']}, {d['SK_MT']}, {d['SK_THREADS']})"
                 cases.append((expr, cfg.smem(m)))

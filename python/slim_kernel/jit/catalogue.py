@@ -169,29 +169,27 @@ class Stream:
     kernel = "stream"
     ops = (FUSED_A,)  # a CTA per 16 rows and no split-K: the router's 256-384 rows would fill 16-24 SMs
     stages: int = 8  # ring depth (compile-time; fewer where M's stages would not fit)
-    in_ring: int = 0  # 1: the warp partials reuse the ring (compile-time)
 
     def __post_init__(self):
-        _check(2 <= self.stages <= 64 and self.in_ring in (0, 1), self, "need stages 2..64, in_ring 0 or 1")
+        _check(2 <= self.stages <= 64, self, "need stages 2..64")
 
     def max_m(self) -> int:
         return 32  # 4 token tiles (stream_gemm.cuh: NT <= 4)
 
     def stages_for(self, m: int) -> int:  # stream_smem_bytes in kernels/stream_gemm.cuh
         nt = token_tiles(m)
-        fit = (MAX_SMEM - 1024 - (0 if self.in_ring else _partials(1, nt, 4))) // ((16 + 8 * nt) * 512)
+        fit = (MAX_SMEM - 1024 - _partials(1, nt, 4)) // ((16 + 8 * nt) * 512)
         return max(2, min(self.stages, fit))
 
     def instance(self, op: str, m: int, out_dtype: str) -> KernelInstance:
-        return _make(op, out_dtype, SK_FAMILY=3, SK_NT=token_tiles(m), SK_STAGES=self.stages_for(m),
-                     SK_IN_RING=self.in_ring)
+        return _make(op, out_dtype, SK_FAMILY=3, SK_NT=token_tiles(m), SK_STAGES=self.stages_for(m))
 
     def geometry(self, n: int, k: int, sm_count: int) -> tuple[tuple, tuple, tuple | None]:
         return (_cdiv(n, 16), 1, 1), (256, 1, 1), None
 
     def smem(self, m: int) -> int:
         nt = token_tiles(m)
-        return 1024 + self.stages_for(m) * (16 + 8 * nt) * 512 + (0 if self.in_ring else _partials(1, nt, 4))
+        return 1024 + self.stages_for(m) * (16 + 8 * nt) * 512 + _partials(1, nt, 4)
 
 
 GemmConfig = Skinny | Narrow | Ring | Stream
@@ -283,7 +281,6 @@ VARIANTS: dict[str, dict[str, GemmConfig]] = {
         "skinny": Skinny(rt=1, stages=8, warps=8, split=1),
         "skinny_w10": Skinny(rt=1, stages=6, warps=10, split=1),
         "stream": Stream(stages=8),  # 4, 6, 12 and 16 stages lost at every M (runs 32-35)
-        "stream_r": Stream(stages=8, in_ring=1),
     },
 }
 FALLBACK_VARIANT = "skinny"  # serves every M of both ops: the choice where nothing was measured

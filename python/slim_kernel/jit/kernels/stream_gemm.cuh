@@ -19,7 +19,7 @@
 //  * The four compute warps' partials are summed in a fixed order (reduce.cuh).
 //
 // Launch contract (slim_kernel/jit/catalogue.py, family "stream"):
-//   grid (ceil(N / 16), 1, 1), block 256 threads, dynamic smem = stream_smem_bytes(NT, STAGES, IN_RING).
+//   grid (ceil(N / 16), 1, 1), block 256 threads, dynamic smem = stream_smem_bytes(NT, STAGES).
 //   Requirements: K % 8 == 0, lda % 8 == 0, ldw % 8 == 0, act/w 16-byte aligned, M <= 8*NT.
 #pragma once
 #include "reduce.cuh"
@@ -29,10 +29,8 @@ namespace slim {
 constexpr int kStreamThreads = 256;
 constexpr int kStreamWeightTile = 16 * 512;  // bytes of the 16 weight rows in a stage
 __host__ __device__ constexpr int stream_stage_bytes(int nt) { return (16 + 8 * nt) * 512; }
-// Barriers (<= 64 stages) first, then the ring; the partials follow it, or reuse it (IN_RING: the
-// smem then fits the next smaller shared-memory carveout).
-__host__ __device__ constexpr int stream_smem_bytes(int nt, int stages, bool in_ring) {
-    return 1024 + stages * stream_stage_bytes(nt) + (in_ring ? 0 : partials_bytes(1, nt, 4));
+__host__ __device__ constexpr int stream_smem_bytes(int nt, int stages) {
+    return 1024 + stages * stream_stage_bytes(nt) + partials_bytes(1, nt, 4);  // barriers (<= 64 stages) first
 }
 
 // Shared-memory offset, in a 512-byte-row tile, of 16-byte chunk c (0..31) of row r.
@@ -66,16 +64,15 @@ __device__ __forceinline__ void stream_load(const __nv_bfloat16* __restrict__ sr
     }
 }
 
-template <int NT, int STAGES, bool IN_RING, bool OUT_BF16>
+template <int NT, int STAGES, bool OUT_BF16>
 __device__ __forceinline__ void stream_gemm(const __nv_bfloat16* __restrict__ act, const __nv_bfloat16* __restrict__ w,
                                             void* __restrict__ out, int M, int N, int K, int lda, int ldw, int ldo) {
     static_assert(NT >= 1 && NT <= 4 && STAGES >= 2 && STAGES <= 64, "bad stream config");
-    static_assert(partials_bytes(1, NT, 4) <= STAGES * stream_stage_bytes(NT), "partials must fit the ring");
     constexpr int STAGE = stream_stage_bytes(NT);
 
     extern __shared__ __align__(1024) unsigned char smem[];
     pdl_launch_dependents();
-    require_smem((unsigned)stream_smem_bytes(NT, STAGES, IN_RING));
+    require_smem((unsigned)stream_smem_bytes(NT, STAGES));
     if (blockDim.x != kStreamThreads) asm volatile("trap;");
 
     const int warp = threadIdx.x >> 5;
@@ -83,7 +80,7 @@ __device__ __forceinline__ void stream_gemm(const __nv_bfloat16* __restrict__ ac
     const unsigned full = smem_addr(smem);    // STAGES mbarriers: the stage's copies landed
     const unsigned empty = full + 8 * STAGES;  // STAGES mbarriers: the compute warps are done with it
     const unsigned ring = full + 1024;
-    float* red = reinterpret_cast<float*>(smem + 1024 + (IN_RING ? 0 : STAGES * STAGE));
+    float* red = reinterpret_cast<float*>(smem + 1024 + STAGES * STAGE);
     const int row0 = blockIdx.x * 16;
     const int R = (K + 255) / 256 * 64;
     const int nst = R / 64;
@@ -133,7 +130,6 @@ __device__ __forceinline__ void stream_gemm(const __nv_bfloat16* __restrict__ ac
             __syncwarp();  // every lane's fragments were consumed by the MMAs above
             if (lane == 0) mbar_arrive(empty + 8 * slot);
         }
-        if (IN_RING) asm volatile("bar.sync 1, 128;" ::: "memory");  // every compute warp is done with the ring
         store_partials<1, NT>(red, cw, lane, acc);
     }
     __syncthreads();
