@@ -176,10 +176,16 @@ class Stream:
     def max_m(self) -> int:
         return 32  # 4 token tiles (stream_gemm.cuh: NT <= 4)
 
-    def stages_for(self, m: int) -> int:  # stream_smem_bytes in kernels/stream_gemm.cuh
-        nt = token_tiles(m)
-        fit = (MAX_SMEM - 1024 - _partials(1, nt, 4)) // ((16 + 8 * nt) * 512)
-        return max(2, min(self.stages, fit))
+    @staticmethod
+    def _stage(m: int) -> int:  # stream_stage_bytes in kernels/stream_gemm.cuh
+        return (16 + 8 * token_tiles(m)) * 512
+
+    @staticmethod
+    def _fixed(m: int) -> int:  # kStreamBarrierBytes + partials_bytes(1, nt, 4)
+        return 1024 + _partials(1, token_tiles(m), 4)
+
+    def stages_for(self, m: int) -> int:
+        return max(2, min(self.stages, (MAX_SMEM - self._fixed(m)) // self._stage(m)))
 
     def instance(self, op: str, m: int, out_dtype: str) -> KernelInstance:
         return _make(op, out_dtype, SK_FAMILY=3, SK_NT=token_tiles(m), SK_STAGES=self.stages_for(m))
@@ -187,9 +193,8 @@ class Stream:
     def geometry(self, n: int, k: int, sm_count: int) -> tuple[tuple, tuple, tuple | None]:
         return (_cdiv(n, 16), 1, 1), (256, 1, 1), None
 
-    def smem(self, m: int) -> int:
-        nt = token_tiles(m)
-        return 1024 + self.stages_for(m) * (16 + 8 * nt) * 512 + _partials(1, nt, 4)
+    def smem(self, m: int) -> int:  # stream_smem_bytes in kernels/stream_gemm.cuh
+        return self._fixed(m) + self.stages_for(m) * self._stage(m)
 
 
 GemmConfig = Skinny | Narrow | Ring | Stream

@@ -1,5 +1,5 @@
 // dsv3_fused_a_gemm: out(M, N) bf16 = mat_a(M, K) bf16 @ mat_b(K, N), mat_b column-major, i.e. the
-// contiguous (N, K) weight W read row by row; fp32 accumulation. M <= 16, K % 8 == 0, any N
+// contiguous (N, K) weight W read row by row; fp32 accumulation. M <= 64 (stream: 32), K % 8 == 0, any N
 // (7168 -> 2112 tuned: 2112 / 16 = 132 row tiles, one 16-row CTA per H200 SM).
 // Kernel bodies: skinny_gemm.cuh (SK_FAMILY 0) and stream_gemm.cuh (3); design notes there.
 // Instances, launch geometry and shared memory: slim_kernel/jit/catalogue.py.
@@ -17,7 +17,8 @@
 #endif
 
 // 320 threads = 10 warps, the most a skinny configuration launches (catalogue.Skinny: warps <= 10;
-// stream launches 256); one CTA per SM, so ptxas may use up to 204 registers (the limits line above caps them at 168).
+// stream launches 256); one CTA per SM, so ptxas may use up to 204 registers (the limits line
+// above caps them at 168).
 extern "C" __global__ void __launch_bounds__(320, 1)
 dsv3_fused_a_gemm_kernel(const __nv_bfloat16* __restrict__ mat_a, const __nv_bfloat16* __restrict__ weight,
                          __nv_bfloat16* __restrict__ out, int M, int N, int K, int ld_a, int ld_weight, int ld_out) {

@@ -27,10 +27,11 @@
 namespace slim {
 
 constexpr int kStreamThreads = 256;
+constexpr int kStreamBarrierBytes = 1024;    // the full and empty mbarriers of up to 64 stages, first
 constexpr int kStreamWeightTile = 16 * 512;  // bytes of the 16 weight rows in a stage
 __host__ __device__ constexpr int stream_stage_bytes(int nt) { return (16 + 8 * nt) * 512; }
 __host__ __device__ constexpr int stream_smem_bytes(int nt, int stages) {
-    return 1024 + stages * stream_stage_bytes(nt) + partials_bytes(1, nt, 4);  // barriers (<= 64 stages) first
+    return kStreamBarrierBytes + stages * stream_stage_bytes(nt) + partials_bytes(1, nt, 4);
 }
 
 // Shared-memory offset, in a 512-byte-row tile, of 16-byte chunk c (0..31) of row r.
@@ -67,7 +68,7 @@ __device__ __forceinline__ void stream_load(const __nv_bfloat16* __restrict__ sr
 template <int NT, int STAGES, bool OUT_BF16>
 __device__ __forceinline__ void stream_gemm(const __nv_bfloat16* __restrict__ act, const __nv_bfloat16* __restrict__ w,
                                             void* __restrict__ out, int M, int N, int K, int lda, int ldw, int ldo) {
-    static_assert(NT >= 1 && NT <= 4 && STAGES >= 2 && STAGES <= 64, "bad stream config");
+    static_assert(NT >= 1 && NT <= 4 && STAGES >= 2 && 16 * STAGES <= kStreamBarrierBytes, "bad stream config");
     constexpr int STAGE = stream_stage_bytes(NT);
 
     extern __shared__ __align__(1024) unsigned char smem[];
@@ -79,8 +80,8 @@ __device__ __forceinline__ void stream_gemm(const __nv_bfloat16* __restrict__ ac
     const int lane = threadIdx.x & 31;
     const unsigned full = smem_addr(smem);    // STAGES mbarriers: the stage's copies landed
     const unsigned empty = full + 8 * STAGES;  // STAGES mbarriers: the compute warps are done with it
-    const unsigned ring = full + 1024;
-    float* red = reinterpret_cast<float*>(smem + 1024 + STAGES * STAGE);
+    const unsigned ring = full + kStreamBarrierBytes;
+    float* red = reinterpret_cast<float*>(smem + kStreamBarrierBytes + STAGES * STAGE);
     const int row0 = blockIdx.x * 16;
     const int R = (K + 255) / 256 * 64;
     const int nst = R / 64;
