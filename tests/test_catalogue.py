@@ -41,12 +41,17 @@ def test_instances_are_unique_and_bucketed():
     assert mts == {1, 2, 4, 8, 16}
     assert {op for op, _ in pairs} == {ROUTER, FUSED_A}
     assert {op for op, i in pairs if dict(i.defines)["SK_FAMILY"] == 1} == {ROUTER}
+    assert {op for op, i in pairs if dict(i.defines)["SK_FAMILY"] == 2} == {ROUTER}
+    assert {op for op, i in pairs if dict(i.defines)["SK_FAMILY"] == 3} == {FUSED_A}
 
 
 def test_geometry():
     assert cat.Skinny(rt=4, warps=4).geometry(2112, 7168, 132)[0] == (33, 4, 1)
     assert cat.Skinny(rt=1, warps=4).geometry(256, 7168, 132) == ((16, 8, 1), (128, 1, 1), (1, 8, 1))
     assert cat.Narrow(rows=3).geometry(384, 7168, 132) == ((128, 1, 1), (448, 1, 1), None)
+    assert cat.Stream().geometry(2112, 7168, 132) == ((132, 1, 1), (256, 1, 1), None)
+    assert cat.Stream(stages=16).stages_for(1) == 16 > cat.Stream(stages=16).stages_for(9) >= 2
+    assert cat.Stream().max_m() == 32 and not cat.variant_serves(cat.Stream(), FUSED_A, 33)
     assert cat.Skinny(stages=16, warps=8).stages_for(9) < 16 <= cat.Skinny(stages=16, warps=8).stages_for(1) + 1
 
 
