@@ -10,7 +10,7 @@ in ``kernels/`` (design notes there):
   ring    loader warps filling an mbarrier ring with cp.async, compute warps on mma.sync, split-K
           over a cluster (router, M <= 32)
   stream  weight and token loader warps filling an mbarrier ring, four compute warps each owning a
-          quarter of K, a CTA per 16 rows (fused-A, M <= 32)
+          quarter of K, a CTA per 16 rows (fused-A)
 
 (A tensor-map/mbarrier design for fused-A lost on the H200 by 1.5-4 us at every M and was
 removed; benchmark/results/h200/NOTES_kernels.md has its numbers and profile.)
@@ -97,12 +97,16 @@ class Narrow:
     rows: int = 2  # output rows per CTA (compile-time)
     cpt: int = 2  # 16-byte chunks per thread per row and round (compile-time)
     threads: int = 448  # block size (compile-time: K = 7168 is one round of 448 x 2 chunks)
-    tokens: int = 16  # the largest M served: 4, 8 or 16 (more rows x tokens spill at 448 threads)
+    tokens: int = 16  # the largest M served: 1..8 or 16 (more rows x tokens spill at 448 threads)
+    batch: int = 8  # most tokens per load batch (compile-time; 16 tokens always go in batches of 4)
+    regs: int = 0  # register cap per thread (compile-time; 0: none; narrow_gemm.cuh says why 80)
 
     def __post_init__(self):
         _check(1 <= self.rows <= 8 and 1 <= self.cpt <= 4 and self.threads % 32 == 0 and 32 <= self.threads <= 1024
-               and self.tokens in (4, 8, 16), self,
-               "need rows 1..8, cpt 1..4, threads a multiple of 32 in 32..1024, tokens 4, 8 or 16")
+               and (1 <= self.tokens <= 8 or self.tokens == 16) and 1 <= self.batch <= 8
+               and (self.regs == 0 or 32 <= self.regs <= 255), self,
+               "need rows 1..8, cpt 1..4, threads a multiple of 32 in 32..1024, tokens 1..8 or 16, batch 1..8, "
+               "regs 0 or 32..255")
 
     def max_m(self) -> int:
         return self.tokens
@@ -110,8 +114,10 @@ class Narrow:
     def instance(self, op: str, m: int, out_dtype: str) -> KernelInstance:
         if m > self.tokens:
             raise ValueError(f"this narrow kernel serves M <= {self.tokens}, got M={m}")
-        return _make(op, out_dtype, SK_FAMILY=1, SK_ROWS=self.rows, SK_MT=_mt(m), SK_CPT=self.cpt,
-                     SK_THREADS=self.threads)
+        mt = _mt(m)
+        cap = {"SK_MAXNREG": self.regs} if self.regs else {}
+        return _make(op, out_dtype, SK_FAMILY=1, SK_ROWS=self.rows, SK_MT=mt, SK_TB=min(mt if mt <= 8 else 4, self.batch),
+                     SK_CPT=self.cpt, SK_THREADS=self.threads, **cap)
 
     def geometry(self, n: int, k: int, sm_count: int) -> tuple[tuple, tuple, tuple | None]:
         return (_cdiv(n, self.rows), 1, 1), (self.threads, 1, 1), None
@@ -169,12 +175,13 @@ class Stream:
     kernel = "stream"
     ops = (FUSED_A,)  # a CTA per 16 rows and no split-K: the router's 256-384 rows would fill 16-24 SMs
     stages: int = 8  # ring depth (compile-time; fewer where M's stages would not fit)
+    ahead: int = 0  # after the first fill, stages a loader runs ahead of the compute warps (0: stages)
 
     def __post_init__(self):
-        _check(2 <= self.stages <= 64, self, "need stages 2..64")
+        _check(2 <= self.stages <= 64 and 0 <= self.ahead <= self.stages, self, "need stages 2..64, ahead 0..stages")
 
     def max_m(self) -> int:
-        return 32  # 4 token tiles (stream_gemm.cuh: NT <= 4)
+        return MAX_M  # 8 token tiles (stream_gemm.cuh: NT <= 8)
 
     @staticmethod
     def _stage(m: int) -> int:  # stream_stage_bytes in kernels/stream_gemm.cuh
@@ -188,7 +195,9 @@ class Stream:
         return max(2, min(self.stages, (MAX_SMEM - self._fixed(m)) // self._stage(m)))
 
     def instance(self, op: str, m: int, out_dtype: str) -> KernelInstance:
-        return _make(op, out_dtype, SK_FAMILY=3, SK_NT=token_tiles(m), SK_STAGES=self.stages_for(m))
+        stages = self.stages_for(m)
+        return _make(op, out_dtype, SK_FAMILY=3, SK_NT=token_tiles(m), SK_STAGES=stages,
+                     SK_AHEAD=min(self.ahead or stages, stages))
 
     def geometry(self, n: int, k: int, sm_count: int) -> tuple[tuple, tuple, tuple | None]:
         return (_cdiv(n, 16), 1, 1), (256, 1, 1), None
@@ -206,7 +215,8 @@ def _partials(rt: int, nt: int, warps: int) -> int:  # partials_bytes in kernels
 
 
 def _mt(m: int) -> int:
-    return 1 if m <= 1 else 2 if m <= 2 else 4 if m <= 4 else 8 if m <= 8 else 16
+    """The narrow kernel's token count: exact up to 8 (registers and FMAs track M), then 16."""
+    return m if m <= 8 else 16
 
 
 def _make(op: str, out_dtype: str, signature: str = POINTER_SIGNATURE, **defines) -> KernelInstance:
@@ -280,12 +290,16 @@ VARIANTS: dict[str, dict[str, GemmConfig]] = {
         "narrow_r1": Narrow(rows=1, cpt=2, threads=448, tokens=4),  # 2 CTAs/SM need <= 72 registers
         "narrow_r2": Narrow(rows=2, cpt=2, threads=448, tokens=16),
         "narrow_r3": Narrow(rows=3, cpt=2, threads=448, tokens=8),
+        # Capped at 80 registers: an SM holding a producer CTA (RMSNorm) still fits one of these (PDL)
+        "narrow_r2p": Narrow(rows=2, cpt=2, threads=448, tokens=8, batch=4, regs=80),
+        "narrow_r3p": Narrow(rows=3, cpt=2, threads=448, tokens=5, batch=2, regs=80),
         "ring_c8": Ring(tk=128, stages=8, warps=4, loaders=1, split=8),
     },
     FUSED_A: {
         "skinny": Skinny(rt=1, stages=8, warps=8, split=1),
         "skinny_w10": Skinny(rt=1, stages=6, warps=10, split=1),
         "stream": Stream(stages=8),  # 4, 6, 12 and 16 stages lost at every M (runs 32-35)
+        "stream_d16": Stream(stages=16, ahead=8),  # a 16-deep first fill (the PDL overlap), then 8 ahead
     },
 }
 FALLBACK_VARIANT = "skinny"  # serves every M of both ops: the choice where nothing was measured
