@@ -10,7 +10,7 @@ in ``kernels/`` (design notes there):
   ring    loader warps filling an mbarrier ring with cp.async, compute warps on mma.sync, split-K
           over a cluster (router, M <= 32)
   stream  weight and token loader warps filling an mbarrier ring, four compute warps each owning a
-          quarter of K, a CTA per 16 rows (fused-A)
+          quarter of K, a CTA per 16 rows (fused-A, M <= 32)
 
 (A tensor-map/mbarrier design for fused-A lost on the H200 by 1.5-4 us at every M and was
 removed; benchmark/results/h200/NOTES_kernels.md has its numbers and profile.)
@@ -100,13 +100,14 @@ class Narrow:
     tokens: int = 16  # the largest M served: 1..8 or 16 (more rows x tokens spill at 448 threads)
     batch: int = 8  # most tokens per load batch (compile-time; 16 tokens always go in batches of 4)
     regs: int = 0  # register cap per thread (compile-time; 0: none; narrow_gemm.cuh says why 80)
+    shfl: int = 0  # 1: warp sums first, one partial per warp and output in shared memory (compile-time)
 
     def __post_init__(self):
         _check(1 <= self.rows <= 8 and 1 <= self.cpt <= 4 and self.threads % 32 == 0 and 32 <= self.threads <= 1024
                and (1 <= self.tokens <= 8 or self.tokens == 16) and 1 <= self.batch <= 8
-               and (self.regs == 0 or 32 <= self.regs <= 255), self,
+               and (self.regs == 0 or 32 <= self.regs <= 255) and self.shfl in (0, 1), self,
                "need rows 1..8, cpt 1..4, threads a multiple of 32 in 32..1024, tokens 1..8 or 16, batch 1..8, "
-               "regs 0 or 32..255")
+               "regs 0 or 32..255, shfl 0 or 1")
 
     def max_m(self) -> int:
         return self.tokens
@@ -117,13 +118,13 @@ class Narrow:
         mt = _mt(m)
         cap = {"SK_MAXNREG": self.regs} if self.regs else {}
         return _make(op, out_dtype, SK_FAMILY=1, SK_ROWS=self.rows, SK_MT=mt, SK_TB=min(mt if mt <= 8 else 4, self.batch),
-                     SK_CPT=self.cpt, SK_THREADS=self.threads, **cap)
+                     SK_CPT=self.cpt, SK_THREADS=self.threads, SK_SHFL=self.shfl, **cap)
 
     def geometry(self, n: int, k: int, sm_count: int) -> tuple[tuple, tuple, tuple | None]:
         return (_cdiv(n, self.rows), 1, 1), (self.threads, 1, 1), None
 
     def smem(self, m: int) -> int:  # narrow_smem_bytes in kernels/narrow_gemm.cuh
-        return self.rows * _mt(m) * self.threads * 4
+        return self.rows * _mt(m) * (self.threads // 32 if self.shfl else self.threads) * 4
 
 
 @dataclass(frozen=True)
@@ -175,13 +176,12 @@ class Stream:
     kernel = "stream"
     ops = (FUSED_A,)  # a CTA per 16 rows and no split-K: the router's 256-384 rows would fill 16-24 SMs
     stages: int = 8  # ring depth (compile-time; fewer where M's stages would not fit)
-    ahead: int = 0  # after the first fill, stages a loader runs ahead of the compute warps (0: stages)
 
     def __post_init__(self):
-        _check(2 <= self.stages <= 64 and 0 <= self.ahead <= self.stages, self, "need stages 2..64, ahead 0..stages")
+        _check(2 <= self.stages <= 64, self, "need stages 2..64")
 
     def max_m(self) -> int:
-        return MAX_M  # 8 token tiles (stream_gemm.cuh: NT <= 8)
+        return 32  # 4 token tiles (stream_gemm.cuh: NT <= 4)
 
     @staticmethod
     def _stage(m: int) -> int:  # stream_stage_bytes in kernels/stream_gemm.cuh
@@ -195,9 +195,7 @@ class Stream:
         return max(2, min(self.stages, (MAX_SMEM - self._fixed(m)) // self._stage(m)))
 
     def instance(self, op: str, m: int, out_dtype: str) -> KernelInstance:
-        stages = self.stages_for(m)
-        return _make(op, out_dtype, SK_FAMILY=3, SK_NT=token_tiles(m), SK_STAGES=stages,
-                     SK_AHEAD=min(self.ahead or stages, stages))
+        return _make(op, out_dtype, SK_FAMILY=3, SK_NT=token_tiles(m), SK_STAGES=self.stages_for(m))
 
     def geometry(self, n: int, k: int, sm_count: int) -> tuple[tuple, tuple, tuple | None]:
         return (_cdiv(n, 16), 1, 1), (256, 1, 1), None
@@ -290,16 +288,18 @@ VARIANTS: dict[str, dict[str, GemmConfig]] = {
         "narrow_r1": Narrow(rows=1, cpt=2, threads=448, tokens=4),  # 2 CTAs/SM need <= 72 registers
         "narrow_r2": Narrow(rows=2, cpt=2, threads=448, tokens=16),
         "narrow_r3": Narrow(rows=3, cpt=2, threads=448, tokens=8),
-        # Capped at 80 registers: an SM holding a producer CTA (RMSNorm) still fits one of these (PDL)
-        "narrow_r2p": Narrow(rows=2, cpt=2, threads=448, tokens=8, batch=4, regs=80),
-        "narrow_r3p": Narrow(rows=3, cpt=2, threads=448, tokens=5, batch=2, regs=80),
+        # Warp-first partials (< 2 KB of shared memory), some capped at 80 registers: an SM holding
+        # a producer CTA (RMSNorm) may still fit one of these (PDL)
+        "narrow_r1s": Narrow(rows=1, cpt=2, threads=448, tokens=4, shfl=1),
+        "narrow_r2s": Narrow(rows=2, cpt=2, threads=448, tokens=8, shfl=1),
+        "narrow_r2q": Narrow(rows=2, cpt=2, threads=448, tokens=8, batch=3, regs=80, shfl=1),
+        "narrow_r3q": Narrow(rows=3, cpt=2, threads=448, tokens=4, batch=2, regs=80, shfl=1),
         "ring_c8": Ring(tk=128, stages=8, warps=4, loaders=1, split=8),
     },
     FUSED_A: {
         "skinny": Skinny(rt=1, stages=8, warps=8, split=1),
         "skinny_w10": Skinny(rt=1, stages=6, warps=10, split=1),
         "stream": Stream(stages=8),  # 4, 6, 12 and 16 stages lost at every M (runs 32-35)
-        "stream_d16": Stream(stages=16, ahead=8),  # a 16-deep first fill (the PDL overlap), then 8 ahead
     },
 }
 FALLBACK_VARIANT = "skinny"  # serves every M of both ops: the choice where nothing was measured

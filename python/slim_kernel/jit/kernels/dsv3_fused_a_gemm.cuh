@@ -1,5 +1,5 @@
 // dsv3_fused_a_gemm: out(M, N) bf16 = mat_a(M, K) bf16 @ mat_b(K, N), mat_b column-major, i.e. the
-// contiguous (N, K) weight W read row by row; fp32 accumulation. M <= 64, K % 8 == 0, any N
+// contiguous (N, K) weight W read row by row; fp32 accumulation. M <= 64 (stream: 32), K % 8 == 0, any N
 // (7168 -> 2112 tuned: 2112 / 16 = 132 row tiles, one 16-row CTA per H200 SM).
 // Kernel bodies: skinny_gemm.cuh (SK_FAMILY 0) and stream_gemm.cuh (3); design notes there.
 // Instances, launch geometry and shared memory: slim_kernel/jit/catalogue.py.
@@ -8,7 +8,7 @@
 // Compile-time parameters (-D), all passed by the catalogue:
 //   SK_FAMILY   0 skinny, 3 stream
 //   skinny: SK_NT (token tiles of 8), SK_RT (16-row weight tiles per CTA), SK_STAGES (cp.async ring depth)
-//   stream: SK_NT, SK_STAGES (mbarrier ring depth), SK_AHEAD (stages a loader runs ahead after the first fill)
+//   stream: SK_NT, SK_STAGES (mbarrier ring depth)
 #include "skinny_gemm.cuh"
 #include "stream_gemm.cuh"
 
@@ -25,6 +25,6 @@ dsv3_fused_a_gemm_kernel(const __nv_bfloat16* __restrict__ mat_a, const __nv_bfl
 #if SK_FAMILY == 0
     slim::skinny_gemm<SK_RT, SK_NT, SK_STAGES, true>(mat_a, weight, out, M, N, K, ld_a, ld_weight, ld_out);
 #else
-    slim::stream_gemm<SK_NT, SK_STAGES, SK_AHEAD, true>(mat_a, weight, out, M, N, K, ld_a, ld_weight, ld_out);
+    slim::stream_gemm<SK_NT, SK_STAGES, true>(mat_a, weight, out, M, N, K, ld_a, ld_weight, ld_out);
 #endif
 }

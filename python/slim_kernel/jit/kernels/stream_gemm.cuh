@@ -1,4 +1,4 @@
-// stream_gemm: out(M, N) = act(M, K) @ W(N, K)^T, bf16 in, fp32 accumulation, M <= 8*NT (NT <= 8), any N, K % 8.
+// stream_gemm: out(M, N) = act(M, K) @ W(N, K)^T, bf16 in, fp32 accumulation, M <= 8*NT (NT <= 4), any N, K % 8.
 //
 // Design (fused-A: 7168 -> 2112 is 132 CTAs of 16 weight rows, one per H200 SM, no split-K):
 //  * 256 threads in three roles: warps 0-1 copy the CTA's 16 weight rows, warps 2-3 the tokens,
@@ -11,9 +11,7 @@
 //    ldmatrix reads of 8 rows at one k hit 8 different bank groups.
 //  * Every loader thread signals a stage's "full" mbarrier with cp.async.mbarrier.arrive.noinc:
 //    no loader waits for its own copies, the whole ring is in flight. Compute warps release a
-//    stage through its "empty" mbarrier. The first STAGES stages are requested at once (before
-//    griddepcontrol.wait for the weights); after that a loader issues stage s once the compute
-//    warps released stage s - AHEAD (AHEAD <= STAGES: a deep first fill, a shallower steady state).
+//    stage through its "empty" mbarrier.
 //  * Tokens >= M and rows >= N are never copied: their stale shared memory only reaches
 //    accumulator rows and columns that are never stored. k >= K reads zeros on both sides.
 //  * PDL: the weight loaders start at entry, the token loaders after griddepcontrol.wait (the
@@ -41,7 +39,7 @@ __device__ __forceinline__ unsigned stream_slot(int r, int c) { return (unsigned
 
 // One loader warp's side of the ring: rows wr + 2j (j < J, only those < valid) of src, the
 // lane's chunk of each region, into the tile at `tile` of every stage.
-template <int J, int STAGES, int AHEAD, int STAGE>
+template <int J, int STAGES, int STAGE>
 __device__ __forceinline__ void stream_load(const __nv_bfloat16* __restrict__ src, int ld, int wr, int valid, int lane,
                                             int R, int K, int nst, unsigned full, unsigned empty, unsigned tile) {
     int k = (lane >> 3) * R + (lane & 7) * 8;  // this lane's k in the current stage
@@ -56,14 +54,7 @@ __device__ __forceinline__ void stream_load(const __nv_bfloat16* __restrict__ sr
     const int rows = valid - wr > 0 ? (valid - wr + 1) / 2 : 0;  // rows j < rows are copied
     for (int s = 0; s < nst; ++s, k += 64, from += 128) {
         const int slot = s % STAGES;
-        if (s >= STAGES) {
-            if constexpr (AHEAD == STAGES) {
-                mbar_wait(empty + 8 * slot, ((s / STAGES) & 1) ^ 1);  // this slot's last use released
-            } else {
-                const int t = s - AHEAD;  // released, so is s - STAGES (the compute warps go in order)
-                mbar_wait(empty + 8 * (t % STAGES), (t / STAGES) & 1);
-            }
-        }
+        if (s >= STAGES) mbar_wait(empty + 8 * slot, ((s / STAGES) & 1) ^ 1);
         const int bytes = k < K ? 16 : 0;  // zeros past K, from an address inside the row
         const char* at = k < K ? from : row;
         const unsigned base = (unsigned)(slot * STAGE);
@@ -74,11 +65,10 @@ __device__ __forceinline__ void stream_load(const __nv_bfloat16* __restrict__ sr
     }
 }
 
-template <int NT, int STAGES, int AHEAD, bool OUT_BF16>
+template <int NT, int STAGES, bool OUT_BF16>
 __device__ __forceinline__ void stream_gemm(const __nv_bfloat16* __restrict__ act, const __nv_bfloat16* __restrict__ w,
                                             void* __restrict__ out, int M, int N, int K, int lda, int ldw, int ldo) {
-    static_assert(NT >= 1 && NT <= 8 && STAGES >= 2 && 16 * STAGES <= kStreamBarrierBytes && AHEAD >= 1 &&
-                      AHEAD <= STAGES, "bad stream config");
+    static_assert(NT >= 1 && NT <= 4 && STAGES >= 2 && 16 * STAGES <= kStreamBarrierBytes, "bad stream config");
     constexpr int STAGE = stream_stage_bytes(NT);
 
     extern __shared__ __align__(1024) unsigned char smem[];
@@ -106,10 +96,10 @@ __device__ __forceinline__ void stream_gemm(const __nv_bfloat16* __restrict__ ac
     __syncthreads();
 
     if (warp < 2) {
-        stream_load<8, STAGES, AHEAD, STAGE>(w + (long long)row0 * ldw, ldw, warp, N - row0, lane, R, K, nst, full, empty, ring);
+        stream_load<8, STAGES, STAGE>(w + (long long)row0 * ldw, ldw, warp, N - row0, lane, R, K, nst, full, empty, ring);
     } else if (warp < 4) {
         pdl_wait();
-        stream_load<4 * NT, STAGES, AHEAD, STAGE>(act, lda, warp - 2, m_used, lane, R, K, nst, full, empty,
+        stream_load<4 * NT, STAGES, STAGE>(act, lda, warp - 2, m_used, lane, R, K, nst, full, empty,
                                            ring + kStreamWeightTile);
     } else {
         const int cw = warp - 4;  // region
