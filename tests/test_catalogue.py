@@ -38,7 +38,9 @@ def test_instances_are_unique_and_bucketed():
     nts = {dict(i.defines).get("SK_NT") for op, i in pairs if dict(i.defines)["SK_FAMILY"] != 1}
     assert nts == {1, 2, 4, 8}
     mts = {dict(i.defines)["SK_MT"] for op, i in pairs if dict(i.defines)["SK_FAMILY"] == 1}
-    assert mts == {1, 2, 4, 8, 16}
+    assert mts == {1, 2, 3, 4, 5, 6, 7, 8, 16}  # exact up to 8, then one 16-token instance
+    narrow = cat.VARIANTS[ROUTER]["narrow_r2"]
+    assert [dict(narrow.instance(ROUTER, m, "float32").defines)["SK_MT"] for m in (1, 3, 5, 8, 9, 16)] == [1, 3, 5, 8, 16, 16]
     assert {op for op, _ in pairs} == {ROUTER, FUSED_A}
     assert {op for op, i in pairs if dict(i.defines)["SK_FAMILY"] == 1} == {ROUTER}
     assert {op for op, i in pairs if dict(i.defines)["SK_FAMILY"] == 2} == {ROUTER}
@@ -103,7 +105,7 @@ def test_smem_formulas_match_the_kernels(tmp_path):
                 elif isinstance(cfg, cat.Stream):
                     expr = f"slim::stream_smem_bytes({d['SK_NT']}, {d['SK_STAGES']})"
                 else:
-                    expr = f"slim::narrow_smem_bytes({d['SK_ROWS']}, {d['SK_MT']}, {d['SK_THREADS']}, {d['SK_SHFL']})"
+                    expr = f"slim::narrow_smem_bytes({d['SK_ROWS']}, {d['SK_MT']}, {d['SK_THREADS']})"
                 cases.append((expr, cfg.smem(m)))
     src = tmp_path / "formulas.cu"
     body = "\n".join(f'    printf("%d\\n", {expr});' for expr, _ in cases)

@@ -1,4 +1,5 @@
 // narrow_gemm: out(M, N) = act(M, K) @ W(N, K)^T for few tokens (M <= MT <= 16), fp32 accumulation.
+// The catalogue compiles MT = M for M <= 8 (registers and FMAs track M) and MT = 16 above.
 //
 // A CTA owns ROWS (1..8) output rows over the whole K, so no CTA waits for another: no cluster,
 // no cross-CTA reduction, one short chain from launch to store (the router at M <= ~4, where
@@ -6,29 +7,21 @@
 //  * Thread tid owns the 16-byte chunks c = tid + j*THREADS (j < CPT) of every row: all of the
 //    CTA's weight bytes are requested at entry, before griddepcontrol.wait (PDL), one round of
 //    THREADS*CPT chunks at a time (one round covers K <= 8*CPT*THREADS).
-//  * Tokens are read after the wait, in batches of TB whose loads all issue before their fp32
+//  * Tokens are read after the wait, in batches of up to 8 whose loads all issue before their fp32
 //    FMAs (CUDA cores; ROWS*M*K per CTA is small for few rows and tokens).
-//  * PDL: a CTA of ours only overlaps the producer on an SM that also holds a producer CTA if both
-//    fit in its registers and shared memory; flashinfer's RMSNorm at hidden 7168 takes 896 threads x
-//    32 registers (80 per thread left at 448 threads: the catalogue's `regs` cap) and ~1 KB of
-//    shared memory, so its SMs keep a small shared-memory carveout (SHFL partials fit beside it).
 //  * Reduction in a fixed order: every thread's ROWS*M partials go to shared memory (value-major,
 //    conflict-free), then warp w sums outputs w, w+WARPS, ...: each lane adds WARPS partials,
-//    then a butterfly over the lanes. SHFL: each warp's butterfly first, so only WARPS partials
-//    per output take shared memory (a few KB less: see PDL below). Repeated runs are bit-identical.
+//    then a butterfly over the lanes. Repeated runs are bit-identical.
 //
 // Launch contract (slim_kernel/jit/catalogue.py, family "narrow"):
-//   grid (ceil(N / ROWS)), block THREADS, dynamic smem = narrow_smem_bytes(ROWS, MT, THREADS, SHFL).
+//   grid (ceil(N / ROWS)), block THREADS, dynamic smem = narrow_smem_bytes(ROWS, MT, THREADS).
 //   Requirements: K % 8 == 0, lda % 8 == 0, ldw % 8 == 0, act/w 16-byte aligned, M <= MT.
 #pragma once
 #include "ptx.cuh"
 
 namespace slim {
 
-// Partials in shared memory: one per thread and output, or (shfl) one per warp and output.
-__host__ __device__ constexpr int narrow_smem_bytes(int rows, int mt, int threads, bool shfl) {
-    return rows * mt * (shfl ? threads / 32 : threads) * 4;
-}
+__host__ __device__ constexpr int narrow_smem_bytes(int rows, int mt, int threads) { return rows * mt * threads * 4; }
 
 __device__ __forceinline__ void bf16x8_to_f32(const unsigned (&v)[4], float (&f)[8]) {
 #pragma unroll
@@ -38,29 +31,27 @@ __device__ __forceinline__ void bf16x8_to_f32(const unsigned (&v)[4], float (&f)
     }
 }
 
-template <int ROWS, int MT, int TB, int CPT, int THREADS, bool SHFL, bool OUT_BF16>
+template <int ROWS, int MT, int CPT, int THREADS, bool OUT_BF16>
 __device__ __forceinline__ void narrow_gemm(const __nv_bfloat16* __restrict__ act, const __nv_bfloat16* __restrict__ w,
                                             void* __restrict__ out, int M, int N, int K, int lda, int ldw, int ldo) {
-    static_assert(ROWS >= 1 && ROWS <= 8 && MT >= 1 && MT <= 16 && TB >= 1 && TB <= MT && CPT >= 1 && THREADS % 32 == 0,
-                  "bad narrow config");
+    static_assert(ROWS >= 1 && ROWS <= 8 && MT >= 1 && MT <= 16 && CPT >= 1 && THREADS % 32 == 0, "bad narrow config");
     constexpr int WARPS = THREADS / 32;
-    extern __shared__ __align__(16) float red[];  // [ROWS * MT][SHFL ? WARPS : THREADS]
+    constexpr int TB = MT <= 8 ? MT : 4;  // tokens per load batch (16 tokens in 4: no spills at 448 threads)
+    extern __shared__ __align__(16) float red[];  // [ROWS * MT][THREADS]
 
     pdl_launch_dependents();
-    require_smem((unsigned)narrow_smem_bytes(ROWS, MT, THREADS, SHFL));
+    require_smem((unsigned)narrow_smem_bytes(ROWS, MT, THREADS));
 
     const int tid = threadIdx.x;
     const int row0 = blockIdx.x * ROWS;
     const int nchunk = K >> 3;
     const int m_used = M < MT ? M : MT;
 
-    // Whole batches index acc; tokens m_used..MTP-1 (m_used <= MT) are never loaded or summed.
-    constexpr int MTP = (MT + TB - 1) / TB * TB;
-    float acc[ROWS][MTP];
+    float acc[ROWS][MT];
 #pragma unroll
     for (int r = 0; r < ROWS; ++r)
 #pragma unroll
-        for (int m = 0; m < MTP; ++m) acc[r][m] = 0.f;
+        for (int m = 0; m < MT; ++m) acc[r][m] = 0.f;
 
     for (int c0 = 0; c0 < nchunk; c0 += THREADS * CPT) {
         unsigned wv[ROWS][CPT][4];
@@ -112,27 +103,6 @@ __device__ __forceinline__ void narrow_gemm(const __nv_bfloat16* __restrict__ ac
         }
     }
 
-    if constexpr (SHFL) {  // each warp's lanes by a butterfly, then the WARPS partials in warp order
-#pragma unroll
-        for (int r = 0; r < ROWS; ++r)
-#pragma unroll
-            for (int m = 0; m < MT; ++m) {
-                if (m >= m_used) break;
-                float s = acc[r][m];
-#pragma unroll
-                for (int d = 16; d >= 1; d >>= 1) s += __shfl_xor_sync(0xffffffffu, s, d);
-                if ((tid & 31) == 0) red[(r * MT + m) * WARPS + (tid >> 5)] = s;
-            }
-        __syncthreads();
-        for (int v = tid; v < ROWS * m_used; v += THREADS) {
-            const int r = v / m_used, m = v - r * m_used;
-            float s = 0.f;
-#pragma unroll
-            for (int i = 0; i < WARPS; ++i) s += red[(r * MT + m) * WARPS + i];
-            if (row0 + r < N) store_out<OUT_BF16>(out, (long long)m * ldo + row0 + r, s);
-        }
-        return;
-    }
 #pragma unroll
     for (int r = 0; r < ROWS; ++r)
 #pragma unroll
