@@ -98,13 +98,11 @@ class Narrow:
     cpt: int = 2  # 16-byte chunks per thread per row and round (compile-time)
     threads: int = 448  # block size (compile-time: K = 7168 is one round of 448 x 2 chunks)
     tokens: int = 16  # the largest M served: 4, 8 or 16 (more rows x tokens spill at 448 threads)
-    shfl: int = 0  # 1: warp sums first, one partial per warp and output in shared memory (compile-time)
-    late: int = 0  # 1: PDL dependents launched after the FMAs, not at entry (compile-time)
 
     def __post_init__(self):
         _check(1 <= self.rows <= 8 and 1 <= self.cpt <= 4 and self.threads % 32 == 0 and 32 <= self.threads <= 1024
-               and self.tokens in (4, 8, 16) and self.shfl in (0, 1) and self.late in (0, 1), self,
-               "need rows 1..8, cpt 1..4, threads a multiple of 32 in 32..1024, tokens 4, 8 or 16, shfl/late 0 or 1")
+               and self.tokens in (4, 8, 16), self,
+               "need rows 1..8, cpt 1..4, threads a multiple of 32 in 32..1024, tokens 4, 8 or 16")
 
     def max_m(self) -> int:
         return self.tokens
@@ -113,13 +111,13 @@ class Narrow:
         if m > self.tokens:
             raise ValueError(f"this narrow kernel serves M <= {self.tokens}, got M={m}")
         return _make(op, out_dtype, SK_FAMILY=1, SK_ROWS=self.rows, SK_MT=_mt(m), SK_CPT=self.cpt,
-                     SK_THREADS=self.threads, SK_SHFL=self.shfl, SK_LATE=self.late)
+                     SK_THREADS=self.threads)
 
     def geometry(self, n: int, k: int, sm_count: int) -> tuple[tuple, tuple, tuple | None]:
         return (_cdiv(n, self.rows), 1, 1), (self.threads, 1, 1), None
 
     def smem(self, m: int) -> int:  # narrow_smem_bytes in kernels/narrow_gemm.cuh
-        return self.rows * _mt(m) * (self.threads // 32 if self.shfl else self.threads) * 4
+        return self.rows * _mt(m) * self.threads * 4
 
 
 @dataclass(frozen=True)
@@ -283,11 +281,6 @@ VARIANTS: dict[str, dict[str, GemmConfig]] = {
         "narrow_r1": Narrow(rows=1, cpt=2, threads=448, tokens=4),  # 2 CTAs/SM need <= 72 registers
         "narrow_r2": Narrow(rows=2, cpt=2, threads=448, tokens=16),
         "narrow_r3": Narrow(rows=3, cpt=2, threads=448, tokens=8),
-        # sglang tiny_gemm's order of work: warp sums first, PDL trigger after the FMAs (run 43)
-        "narrow_r2s": Narrow(rows=2, cpt=2, threads=448, tokens=8, shfl=1),
-        "narrow_r1t": Narrow(rows=1, cpt=2, threads=448, tokens=4, shfl=1, late=1),
-        "narrow_r2t": Narrow(rows=2, cpt=2, threads=448, tokens=8, shfl=1, late=1),
-        "narrow_r3t": Narrow(rows=3, cpt=2, threads=448, tokens=8, shfl=1, late=1),
         "ring_c8": Ring(tk=128, stages=8, warps=4, loaders=1, split=8),
     },
     FUSED_A: {

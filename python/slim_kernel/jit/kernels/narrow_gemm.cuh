@@ -11,22 +11,17 @@
 //    FMAs (CUDA cores; ROWS*M*K per CTA is small for few rows and tokens).
 //  * Reduction in a fixed order: every thread's ROWS*M partials go to shared memory (value-major,
 //    conflict-free), then warp w sums outputs w, w+WARPS, ...: each lane adds WARPS partials,
-//    then a butterfly over the lanes. SHFL: every warp's butterflies first, then WARPS partials per
-//    output in shared memory. Repeated runs are bit-identical.
-//  * PDL: the dependents are launched at entry, or (LATE) after the FMAs.
+//    then a butterfly over the lanes. Repeated runs are bit-identical.
 //
 // Launch contract (slim_kernel/jit/catalogue.py, family "narrow"):
-//   grid (ceil(N / ROWS)), block THREADS, dynamic smem = narrow_smem_bytes(ROWS, MT, THREADS, SHFL).
+//   grid (ceil(N / ROWS)), block THREADS, dynamic smem = narrow_smem_bytes(ROWS, MT, THREADS).
 //   Requirements: K % 8 == 0, lda % 8 == 0, ldw % 8 == 0, act/w 16-byte aligned, M <= MT.
 #pragma once
 #include "ptx.cuh"
 
 namespace slim {
 
-// Partials in shared memory: one per thread and output, or (shfl) one per warp and output.
-__host__ __device__ constexpr int narrow_smem_bytes(int rows, int mt, int threads, bool shfl) {
-    return rows * mt * (shfl ? threads / 32 : threads) * 4;
-}
+__host__ __device__ constexpr int narrow_smem_bytes(int rows, int mt, int threads) { return rows * mt * threads * 4; }
 
 __device__ __forceinline__ void bf16x8_to_f32(const unsigned (&v)[4], float (&f)[8]) {
 #pragma unroll
@@ -36,16 +31,16 @@ __device__ __forceinline__ void bf16x8_to_f32(const unsigned (&v)[4], float (&f)
     }
 }
 
-template <int ROWS, int MT, int CPT, int THREADS, bool SHFL, bool LATE, bool OUT_BF16>
+template <int ROWS, int MT, int CPT, int THREADS, bool OUT_BF16>
 __device__ __forceinline__ void narrow_gemm(const __nv_bfloat16* __restrict__ act, const __nv_bfloat16* __restrict__ w,
                                             void* __restrict__ out, int M, int N, int K, int lda, int ldw, int ldo) {
     static_assert(ROWS >= 1 && ROWS <= 8 && MT >= 1 && MT <= 16 && CPT >= 1 && THREADS % 32 == 0, "bad narrow config");
     constexpr int WARPS = THREADS / 32;
     constexpr int TB = MT <= 8 ? MT : 4;  // tokens per load batch (16 tokens in 4: no spills at 448 threads)
-    extern __shared__ __align__(16) float red[];  // [ROWS * MT][SHFL ? WARPS : THREADS]
+    extern __shared__ __align__(16) float red[];  // [ROWS * MT][THREADS]
 
-    if constexpr (!LATE) pdl_launch_dependents();
-    require_smem((unsigned)narrow_smem_bytes(ROWS, MT, THREADS, SHFL));
+    pdl_launch_dependents();
+    require_smem((unsigned)narrow_smem_bytes(ROWS, MT, THREADS));
 
     const int tid = threadIdx.x;
     const int row0 = blockIdx.x * ROWS;
@@ -107,33 +102,7 @@ __device__ __forceinline__ void narrow_gemm(const __nv_bfloat16* __restrict__ ac
             }
         }
     }
-    if constexpr (LATE) pdl_launch_dependents();
 
-    if constexpr (SHFL) {
-        // Every accumulator's butterfly, unconditionally (tokens past M hold zeros), so the ROWS * MT
-        // chains interleave; then the WARPS partials of each output in warp order.
-#pragma unroll
-        for (int r = 0; r < ROWS; ++r)
-#pragma unroll
-            for (int m = 0; m < MT; ++m)
-#pragma unroll
-                for (int d = 16; d >= 1; d >>= 1) acc[r][m] += __shfl_xor_sync(0xffffffffu, acc[r][m], d);
-        if ((tid & 31) == 0) {
-#pragma unroll
-            for (int r = 0; r < ROWS; ++r)
-#pragma unroll
-                for (int m = 0; m < MT; ++m) red[(r * MT + m) * WARPS + (tid >> 5)] = acc[r][m];
-        }
-        __syncthreads();
-        for (int v = tid; v < ROWS * m_used; v += THREADS) {
-            const int r = v / m_used, m = v - r * m_used;
-            float s = 0.f;
-#pragma unroll
-            for (int i = 0; i < WARPS; ++i) s += red[(r * MT + m) * WARPS + i];
-            if (row0 + r < N) store_out<OUT_BF16>(out, (long long)m * ldo + row0 + r, s);
-        }
-        return;
-    }
 #pragma unroll
     for (int r = 0; r < ROWS; ++r)
 #pragma unroll
