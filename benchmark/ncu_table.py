@@ -26,9 +26,11 @@ SHORT = {
     "smsp__inst_executed.sum": "insts",
     "launch__grid_size": "grid",
     "launch__block_size": "block",
+    "launch__registers_per_thread": "regs",
+    "launch__shared_mem_config_size": "smem KB",
 }
 SCALE = {"gpu__time_duration.sum": ("nsecond", 1e-3), "dram__bytes_read.sum": ("byte", 1e-6),
-         "lts__t_bytes.sum": ("byte", 1e-6)}
+         "lts__t_bytes.sum": ("byte", 1e-6), "launch__shared_mem_config_size": ("byte", 1e-3)}
 UNITS = {"usecond": 1e3, "msecond": 1e6, "nsecond": 1, "byte": 1, "Kbyte": 1e3, "Mbyte": 1e6, "Gbyte": 1e9}
 
 

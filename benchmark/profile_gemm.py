@@ -33,7 +33,7 @@ METRICS = ",".join([
     "smsp__average_warps_issue_stalled_sleeping_per_issue_active.ratio",
     "lts__throughput.avg.pct_of_peak_sustained_elapsed", "lts__t_sector_hit_rate.pct",
     "l1tex__throughput.avg.pct_of_peak_sustained_elapsed", "smsp__inst_executed.sum",
-    "launch__grid_size", "launch__block_size", "launch__registers_per_thread",
+    "launch__grid_size", "launch__block_size", "launch__registers_per_thread", "launch__shared_mem_config_size",
 ])
 
 
@@ -61,6 +61,10 @@ def main() -> int:
             impls["default"] = B.default(case, x, out)
             impls.update(anchors.router(case.n, case.out_dtype, x, out) if "e" in case.shape
                          else anchors.fused_a(x, out))
+            # The producers too (`producer:pdl` = the RMSNorm the decode step runs before the GEMM):
+            # their launch resources decide what of ours fits beside them on an SM.
+            for k, produce in anchors.producers(x, gen).items():
+                impls[f"producer:{k}"] = lambda w, produce=produce: produce
             wanted = [n for n in args.impls.split(",") if n] or [n for n in impls if "@" not in n and n != "ref"]
             for name in wanted:
                 if name in impls:
