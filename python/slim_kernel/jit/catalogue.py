@@ -99,7 +99,8 @@ class Narrow:
     threads: int = 448  # block size (compile-time: K = 7168 is one round of 448 x 2 chunks)
     tokens: int = 16  # the largest M served: 1..8 or 16 (more rows x tokens spill at 448 threads)
     batch: int = 8  # most tokens per load batch (compile-time; 16 tokens always go in batches of 4)
-    regs: int = 0  # register cap per thread (compile-time; 0: none; narrow_gemm.cuh says why 80)
+    regs: int = 0  # register cap per thread (compile-time; 0: none)
+    late: int = 0  # 1: PDL dependents launched after the FMAs, not at entry (compile-time)
 
     def __post_init__(self):
         _check(1 <= self.rows <= 8 and 1 <= self.cpt <= 4 and self.threads % 32 == 0 and 32 <= self.threads <= 1024
@@ -117,7 +118,7 @@ class Narrow:
         mt = _mt(m)
         cap = {"SK_MAXNREG": self.regs} if self.regs else {}
         return _make(op, out_dtype, SK_FAMILY=1, SK_ROWS=self.rows, SK_MT=mt, SK_TB=min(mt if mt <= 8 else 4, self.batch),
-                     SK_CPT=self.cpt, SK_THREADS=self.threads, **cap)
+                     SK_CPT=self.cpt, SK_THREADS=self.threads, SK_LATE=self.late, **cap)
 
     def geometry(self, n: int, k: int, sm_count: int) -> tuple[tuple, tuple, tuple | None]:
         return (_cdiv(n, self.rows), 1, 1), (self.threads, 1, 1), None
@@ -289,7 +290,8 @@ VARIANTS: dict[str, dict[str, GemmConfig]] = {
         "narrow_r3": Narrow(rows=3, cpt=2, threads=448, tokens=8),
         # Capped at 72 / 64 registers (token batches of 2, no spills): room beside an RMSNorm CTA
         "narrow_r2c72": Narrow(rows=2, cpt=2, threads=448, tokens=8, batch=2, regs=72),
-        "narrow_r2c64": Narrow(rows=2, cpt=2, threads=448, tokens=8, batch=2, regs=64),
+        "narrow_r2c3": Narrow(rows=2, cpt=2, threads=448, tokens=7, batch=3, regs=72),
+        "narrow_r2c3l": Narrow(rows=2, cpt=2, threads=448, tokens=7, batch=3, regs=72, late=1),
         "ring_c8": Ring(tk=128, stages=8, warps=4, loaders=1, split=8),
     },
     FUSED_A: {

@@ -40,7 +40,7 @@ dsv3_router_gemm_kernel(const __nv_bfloat16* __restrict__ hidden_states, const _
     slim::skinny_gemm<SK_RT, SK_NT, SK_STAGES, SK_OUT_BF16 != 0>(hidden_states, router_weights, out, M, E, K, ld_hidden,
                                                                 ld_weight, ld_out);
 #elif SK_FAMILY == 1
-    slim::narrow_gemm<SK_ROWS, SK_MT, SK_TB, SK_CPT, SK_THREADS, SK_OUT_BF16 != 0>(hidden_states, router_weights, out, M, E, K,
+    slim::narrow_gemm<SK_ROWS, SK_MT, SK_TB, SK_CPT, SK_THREADS, SK_LATE != 0, SK_OUT_BF16 != 0>(hidden_states, router_weights, out, M, E, K,
                                                                            ld_hidden, ld_weight, ld_out);
 #else
     slim::ring_gemm<SK_NT, SK_TK, SK_STAGES, SK_CW, SK_LW, SK_OUT_BF16 != 0>(hidden_states, router_weights, out,

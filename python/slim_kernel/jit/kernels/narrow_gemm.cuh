@@ -33,7 +33,7 @@ __device__ __forceinline__ void bf16x8_to_f32(const unsigned (&v)[4], float (&f)
     }
 }
 
-template <int ROWS, int MT, int TB, int CPT, int THREADS, bool OUT_BF16>
+template <int ROWS, int MT, int TB, int CPT, int THREADS, bool LATE, bool OUT_BF16>
 __device__ __forceinline__ void narrow_gemm(const __nv_bfloat16* __restrict__ act, const __nv_bfloat16* __restrict__ w,
                                             void* __restrict__ out, int M, int N, int K, int lda, int ldw, int ldo) {
     static_assert(ROWS >= 1 && ROWS <= 8 && MT >= 1 && MT <= 16 && TB >= 1 && TB <= MT && CPT >= 1 && THREADS % 32 == 0,
@@ -41,7 +41,7 @@ __device__ __forceinline__ void narrow_gemm(const __nv_bfloat16* __restrict__ ac
     constexpr int WARPS = THREADS / 32;
     extern __shared__ __align__(16) float red[];  // [ROWS * MT][THREADS]
 
-    pdl_launch_dependents();
+    if constexpr (!LATE) pdl_launch_dependents();
     require_smem((unsigned)narrow_smem_bytes(ROWS, MT, THREADS));
 
     const int tid = threadIdx.x;
@@ -106,6 +106,7 @@ __device__ __forceinline__ void narrow_gemm(const __nv_bfloat16* __restrict__ ac
             }
         }
     }
+    if constexpr (LATE) pdl_launch_dependents();  // after the FMAs, as sglang's tiny_gemm
 
 #pragma unroll
     for (int r = 0; r < ROWS; ++r)
