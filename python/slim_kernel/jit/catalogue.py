@@ -97,17 +97,12 @@ class Narrow:
     rows: int = 2  # output rows per CTA (compile-time)
     cpt: int = 2  # 16-byte chunks per thread per row and round (compile-time)
     threads: int = 448  # block size (compile-time: K = 7168 is one round of 448 x 2 chunks)
-    tokens: int = 16  # the largest M served: 1..8 or 16 (more rows x tokens spill at 448 threads)
-    batch: int = 8  # most tokens per load batch (compile-time; 16 tokens always go in batches of 4)
-    regs: int = 0  # register cap per thread (compile-time; 0: none)
-    late: int = 0  # 1: PDL dependents launched after the FMAs, not at entry (compile-time)
+    tokens: int = 16  # the largest M served: 4, 8 or 16 (more rows x tokens spill at 448 threads)
 
     def __post_init__(self):
         _check(1 <= self.rows <= 8 and 1 <= self.cpt <= 4 and self.threads % 32 == 0 and 32 <= self.threads <= 1024
-               and (1 <= self.tokens <= 8 or self.tokens == 16) and 1 <= self.batch <= 8
-               and (self.regs == 0 or 32 <= self.regs <= 255), self,
-               "need rows 1..8, cpt 1..4, threads a multiple of 32 in 32..1024, tokens 1..8 or 16, batch 1..8, "
-               "regs 0 or 32..255")
+               and self.tokens in (4, 8, 16), self,
+               "need rows 1..8, cpt 1..4, threads a multiple of 32 in 32..1024, tokens 4, 8 or 16")
 
     def max_m(self) -> int:
         return self.tokens
@@ -115,10 +110,8 @@ class Narrow:
     def instance(self, op: str, m: int, out_dtype: str) -> KernelInstance:
         if m > self.tokens:
             raise ValueError(f"this narrow kernel serves M <= {self.tokens}, got M={m}")
-        mt = _mt(m)
-        cap = {"SK_MAXNREG": self.regs} if self.regs else {}
-        return _make(op, out_dtype, SK_FAMILY=1, SK_ROWS=self.rows, SK_MT=mt, SK_TB=min(mt if mt <= 8 else 4, self.batch),
-                     SK_CPT=self.cpt, SK_THREADS=self.threads, SK_LATE=self.late, **cap)
+        return _make(op, out_dtype, SK_FAMILY=1, SK_ROWS=self.rows, SK_MT=_mt(m), SK_CPT=self.cpt,
+                     SK_THREADS=self.threads)
 
     def geometry(self, n: int, k: int, sm_count: int) -> tuple[tuple, tuple, tuple | None]:
         return (_cdiv(n, self.rows), 1, 1), (self.threads, 1, 1), None
@@ -288,10 +281,6 @@ VARIANTS: dict[str, dict[str, GemmConfig]] = {
         "narrow_r1": Narrow(rows=1, cpt=2, threads=448, tokens=4),  # 2 CTAs/SM need <= 72 registers
         "narrow_r2": Narrow(rows=2, cpt=2, threads=448, tokens=16),
         "narrow_r3": Narrow(rows=3, cpt=2, threads=448, tokens=8),
-        # Capped at 72 / 64 registers (token batches of 2, no spills): room beside an RMSNorm CTA
-        "narrow_r2c72": Narrow(rows=2, cpt=2, threads=448, tokens=8, batch=2, regs=72),
-        "narrow_r2c3": Narrow(rows=2, cpt=2, threads=448, tokens=7, batch=3, regs=72),
-        "narrow_r2c3l": Narrow(rows=2, cpt=2, threads=448, tokens=7, batch=3, regs=72, late=1),
         "ring_c8": Ring(tk=128, stages=8, warps=4, loaders=1, split=8),
     },
     FUSED_A: {

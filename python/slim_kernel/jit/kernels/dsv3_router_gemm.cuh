@@ -9,8 +9,8 @@
 //   SK_FAMILY   0 skinny, 1 narrow, 2 ring
 //   SK_OUT_BF16 1: bf16 logits, 0: fp32 logits
 //   skinny: SK_NT (token tiles of 8), SK_RT (16-row weight tiles per CTA), SK_STAGES (cp.async ring depth)
-//   narrow: SK_ROWS (rows per CTA), SK_MT (max tokens), SK_TB (tokens per load batch), SK_CPT (16-byte
-//           chunks per thread per row), SK_THREADS (block size), SK_MAXNREG (optional register cap)
+//   narrow: SK_ROWS (rows per CTA), SK_MT (max tokens), SK_CPT (16-byte chunks per thread per row),
+//           SK_THREADS (block size)
 //   ring:   SK_NT, SK_TK (k per stage), SK_STAGES, SK_CW (compute warps), SK_LW (weight-loader warps)
 #include "narrow_gemm.cuh"
 #include "ring_gemm.cuh"
@@ -27,20 +27,14 @@
 #define SK_BLOCK_BOUND (32 * (SK_CW + SK_LW + 1))
 #endif
 
-#ifdef SK_MAXNREG
-#define SK_BOUNDS __maxnreg__(SK_MAXNREG)  // (ptxas refuses it together with __launch_bounds__)
-#else
-#define SK_BOUNDS __launch_bounds__(SK_BLOCK_BOUND, 1)
-#endif
-
-extern "C" __global__ void SK_BOUNDS
+extern "C" __global__ void __launch_bounds__(SK_BLOCK_BOUND, 1)
 dsv3_router_gemm_kernel(const __nv_bfloat16* __restrict__ hidden_states, const __nv_bfloat16* __restrict__ router_weights,
                         void* __restrict__ out, int M, int E, int K, int ld_hidden, int ld_weight, int ld_out) {
 #if SK_FAMILY == 0
     slim::skinny_gemm<SK_RT, SK_NT, SK_STAGES, SK_OUT_BF16 != 0>(hidden_states, router_weights, out, M, E, K, ld_hidden,
                                                                 ld_weight, ld_out);
 #elif SK_FAMILY == 1
-    slim::narrow_gemm<SK_ROWS, SK_MT, SK_TB, SK_CPT, SK_THREADS, SK_LATE != 0, SK_OUT_BF16 != 0>(hidden_states, router_weights, out, M, E, K,
+    slim::narrow_gemm<SK_ROWS, SK_MT, SK_CPT, SK_THREADS, SK_OUT_BF16 != 0>(hidden_states, router_weights, out, M, E, K,
                                                                            ld_hidden, ld_weight, ld_out);
 #else
     slim::ring_gemm<SK_NT, SK_TK, SK_STAGES, SK_CW, SK_LW, SK_OUT_BF16 != 0>(hidden_states, router_weights, out,

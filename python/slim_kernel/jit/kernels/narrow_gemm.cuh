@@ -1,4 +1,5 @@
 // narrow_gemm: out(M, N) = act(M, K) @ W(N, K)^T for few tokens (M <= MT <= 16), fp32 accumulation.
+// The catalogue compiles MT = M for M <= 8 (registers and FMAs track M) and MT = 16 above.
 //
 // A CTA owns ROWS (1..8) output rows over the whole K, so no CTA waits for another: no cluster,
 // no cross-CTA reduction, one short chain from launch to store (the router at M <= ~4, where
@@ -6,11 +7,8 @@
 //  * Thread tid owns the 16-byte chunks c = tid + j*THREADS (j < CPT) of every row: all of the
 //    CTA's weight bytes are requested at entry, before griddepcontrol.wait (PDL), one round of
 //    THREADS*CPT chunks at a time (one round covers K <= 8*CPT*THREADS).
-//  * Tokens are read after the wait, in batches of TB whose loads all issue before their fp32
+//  * Tokens are read after the wait, in batches of up to 8 whose loads all issue before their fp32
 //    FMAs (CUDA cores; ROWS*M*K per CTA is small for few rows and tokens).
-//  * PDL: a CTA of ours only overlaps the producer on an SM that also holds a producer CTA if both
-//    fit in its registers; flashinfer's RMSNorm at hidden 7168 takes 896 threads x 32 registers, which
-//    leaves 80 per thread at 448 threads (the catalogue's `regs` cap, with smaller token batches).
 //  * Reduction in a fixed order: every thread's ROWS*M partials go to shared memory (value-major,
 //    conflict-free), then warp w sums outputs w, w+WARPS, ...: each lane adds WARPS partials,
 //    then a butterfly over the lanes. Repeated runs are bit-identical.
@@ -33,15 +31,15 @@ __device__ __forceinline__ void bf16x8_to_f32(const unsigned (&v)[4], float (&f)
     }
 }
 
-template <int ROWS, int MT, int TB, int CPT, int THREADS, bool LATE, bool OUT_BF16>
+template <int ROWS, int MT, int CPT, int THREADS, bool OUT_BF16>
 __device__ __forceinline__ void narrow_gemm(const __nv_bfloat16* __restrict__ act, const __nv_bfloat16* __restrict__ w,
                                             void* __restrict__ out, int M, int N, int K, int lda, int ldw, int ldo) {
-    static_assert(ROWS >= 1 && ROWS <= 8 && MT >= 1 && MT <= 16 && TB >= 1 && TB <= MT && CPT >= 1 && THREADS % 32 == 0,
-                  "bad narrow config");
+    static_assert(ROWS >= 1 && ROWS <= 8 && MT >= 1 && MT <= 16 && CPT >= 1 && THREADS % 32 == 0, "bad narrow config");
     constexpr int WARPS = THREADS / 32;
+    constexpr int TB = MT <= 8 ? MT : 4;  // tokens per load batch (16 tokens in 4: no spills at 448 threads)
     extern __shared__ __align__(16) float red[];  // [ROWS * MT][THREADS]
 
-    if constexpr (!LATE) pdl_launch_dependents();
+    pdl_launch_dependents();
     require_smem((unsigned)narrow_smem_bytes(ROWS, MT, THREADS));
 
     const int tid = threadIdx.x;
@@ -49,13 +47,11 @@ __device__ __forceinline__ void narrow_gemm(const __nv_bfloat16* __restrict__ ac
     const int nchunk = K >> 3;
     const int m_used = M < MT ? M : MT;
 
-    // Whole batches index acc; tokens m_used..MTP-1 (m_used <= MT) are never loaded or summed.
-    constexpr int MTP = (MT + TB - 1) / TB * TB;
-    float acc[ROWS][MTP];
+    float acc[ROWS][MT];
 #pragma unroll
     for (int r = 0; r < ROWS; ++r)
 #pragma unroll
-        for (int m = 0; m < MTP; ++m) acc[r][m] = 0.f;
+        for (int m = 0; m < MT; ++m) acc[r][m] = 0.f;
 
     for (int c0 = 0; c0 < nchunk; c0 += THREADS * CPT) {
         unsigned wv[ROWS][CPT][4];
@@ -106,7 +102,6 @@ __device__ __forceinline__ void narrow_gemm(const __nv_bfloat16* __restrict__ ac
             }
         }
     }
-    if constexpr (LATE) pdl_launch_dependents();  // after the FMAs, as sglang's tiny_gemm
 
 #pragma unroll
     for (int r = 0; r < ROWS; ++r)
