@@ -4,7 +4,8 @@
 #
 #   bash benchmark/gpu_run.sh BUNDLE [STAGE ...]    stages: tests bench eager ncu aot (default: tests bench eager)
 #   PROFILE_ARGS="--ms 1,16 --impls jit:ring,flashinfer"  narrows the ncu stage (profile_gemm.py options)
-#   BENCH_ARGS="--ops fused_a --ms 1,8,16 --large-ms ''"  narrows the bench stage (bench_gemm.py options)
+#   BENCH_ARGS="--ops fused_a --ms 1,8,16 --large-ms="  narrows the bench stage (bench_gemm.py options; split on
+#   spaces without quote removal, so no quotes inside: --large-ms= is none)
 #   TEST_K="stream"  narrows the tests stage (pytest -k)
 #
 # BUNDLE: the flashinfer wheel folder carried with the command (.devwheels for 0.7.2.post1:
