@@ -17,7 +17,8 @@ RETIRED_PATTERNS = (*OPS, "dsv3_*")
 
 # The flashinfer backend's fused-A variants: a flashinfer 0.7.4 sm_90a tinygemm program pinned by
 # its tile, for where the program flashinfer's own window table picks is slower (7168 -> 2112:
-# PACKED_U4_IL at M 9-12, PACKED_S8_IL at M 17-31). flashinfer has no public way to choose one:
+# it picks PACKED_U4_IL at M 9-12, where s8il is faster, and PACKED_S8_IL at M 17-31, where cn16
+# is). flashinfer has no public way to choose one:
 # the backend launches it through flashinfer's registered op, and a release without that program
 # serves the public call.
 FLASHINFER_FUSED_A_PROGRAMS = {"s8il": "PACKED_S8_IL", "cn16": "ACCUMULATORS_CN16"}

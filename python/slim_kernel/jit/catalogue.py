@@ -73,8 +73,7 @@ class Skinny:
 
     def stages_for(self, m: int) -> int:
         """``stages``, or fewer where the ring of M's token tiles would not fit in shared memory."""
-        per_stage = self.warps * (2 * self.rt + token_tiles(m)) * 512
-        return max(2, min(self.stages, MAX_SMEM // per_stage))
+        return _stages_that_fit(self.stages, 0, self.warps * (2 * self.rt + token_tiles(m)) * 512)
 
     def instance(self, op: str, m: int, out_dtype: str) -> KernelInstance:
         return _make(op, out_dtype, SK_FAMILY=0, SK_NT=token_tiles(m), SK_RT=self.rt, SK_STAGES=self.stages_for(m))
@@ -147,8 +146,7 @@ class Ring:
         return _cdiv(stages * 16, 128) * 128 + _partials(1, token_tiles(m), self.warps)
 
     def stages_for(self, m: int) -> int:
-        fit = (MAX_SMEM - self._fixed(self.stages, m)) // self._stage(m)
-        return max(2, min(self.stages, fit))
+        return _stages_that_fit(self.stages, self._fixed(self.stages, m), self._stage(m))
 
     def instance(self, op: str, m: int, out_dtype: str) -> KernelInstance:
         return _make(op, out_dtype, SK_FAMILY=2, SK_NT=token_tiles(m), SK_TK=self.tk, SK_STAGES=self.stages_for(m),
@@ -185,7 +183,7 @@ class Stream:
         return 1024 + _partials(1, token_tiles(m), 4)
 
     def stages_for(self, m: int) -> int:
-        return max(2, min(self.stages, (MAX_SMEM - self._fixed(m)) // self._stage(m)))
+        return _stages_that_fit(self.stages, self._fixed(m), self._stage(m))
 
     def instance(self, op: str, m: int, out_dtype: str) -> KernelInstance:
         return _make(op, out_dtype, SK_FAMILY=3, SK_NT=token_tiles(m), SK_STAGES=self.stages_for(m))
@@ -199,6 +197,11 @@ class Stream:
 
 GemmConfig = Skinny | Narrow | Ring | Stream
 FAMILIES: dict[str, type] = {cls.kernel: cls for cls in (Skinny, Narrow, Ring, Stream)}
+
+
+def _stages_that_fit(wanted: int, fixed: int, per_stage: int) -> int:
+    """``wanted`` ring stages, or as many as fit in shared memory beside ``fixed`` bytes (at least 2)."""
+    return max(2, min(wanted, (MAX_SMEM - fixed) // per_stage))
 
 
 def _partials(rt: int, nt: int, warps: int) -> int:  # partials_bytes in kernels/reduce.cuh

@@ -1,5 +1,5 @@
 // dsv3_router_gemm: logits(M, E) = hidden_states(M, K) bf16 @ router_weight(E, K)^T, fp32 accumulation,
-// fp32 or bf16 logits. M <= 16, any E (256/384 tuned), K % 8 == 0 (7168 tuned).
+// fp32 or bf16 logits. M <= 64 (narrow: 16, ring: 32), any E (256/384 tuned), K % 8 == 0 (7168 tuned).
 // Kernel bodies: skinny_gemm.cuh (SK_FAMILY 0), narrow_gemm.cuh (1) and ring_gemm.cuh (2); design
 // notes there.
 // Instances, launch geometry and shared memory: slim_kernel/jit/catalogue.py.
