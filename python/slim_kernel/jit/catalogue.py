@@ -97,14 +97,11 @@ class Narrow:
     cpt: int = 2  # 16-byte chunks per thread per row and round (compile-time)
     threads: int = 448  # block size (compile-time: K = 7168 is one round of 448 x 2 chunks)
     tokens: int = 16  # the largest M served: 4, 8 or 16 (more rows x tokens spill at 448 threads)
-    tc: int = 0  # 1: dot products on tensor cores (compile-time; narrow_gemm.cuh)
-    batch: int = 0  # tokens per load batch (compile-time; 0: the kernel's default)
-    regs: int = 0  # register cap (compile-time; 0: none)
 
     def __post_init__(self):
         _check(1 <= self.rows <= 8 and 1 <= self.cpt <= 4 and self.threads % 32 == 0 and 32 <= self.threads <= 1024
-               and self.tokens in (4, 8, 16) and self.tc in (0, 1), self,
-               "need rows 1..8, cpt 1..4, threads a multiple of 32 in 32..1024, tokens 4, 8 or 16, tc 0 or 1")
+               and self.tokens in (4, 8, 16), self,
+               "need rows 1..8, cpt 1..4, threads a multiple of 32 in 32..1024, tokens 4, 8 or 16")
 
     def max_m(self) -> int:
         return self.tokens
@@ -112,10 +109,8 @@ class Narrow:
     def instance(self, op: str, m: int, out_dtype: str) -> KernelInstance:
         if m > self.tokens:
             raise ValueError(f"this narrow kernel serves M <= {self.tokens}, got M={m}")
-        opt = {k: v for k, v in (("SK_TC", self.tc), ("SK_TB", min(self.batch, _mt(m))),
-                                  ("SK_MAXNREG", self.regs)) if v}
         return _make(op, out_dtype, SK_FAMILY=1, SK_ROWS=self.rows, SK_MT=_mt(m), SK_CPT=self.cpt,
-                     SK_THREADS=self.threads, **opt)
+                     SK_THREADS=self.threads)
 
     def geometry(self, n: int, k: int, sm_count: int) -> tuple[tuple, tuple, tuple | None]:
         return (_cdiv(n, self.rows), 1, 1), (self.threads, 1, 1), None
@@ -289,11 +284,6 @@ VARIANTS: dict[str, dict[str, GemmConfig]] = {
         "narrow_r1": Narrow(rows=1, cpt=2, threads=448, tokens=4),  # 2 CTAs/SM need <= 72 registers
         "narrow_r2": Narrow(rows=2, cpt=2, threads=448, tokens=16),
         "narrow_r3": Narrow(rows=3, cpt=2, threads=448, tokens=8),
-        "narrow_t1": Narrow(rows=1, cpt=2, threads=448, tokens=8, tc=1),
-        "narrow_t2": Narrow(rows=2, cpt=2, threads=448, tokens=16, tc=1),
-        "narrow_t3": Narrow(rows=3, cpt=2, threads=448, tokens=8, tc=1),
-        "narrow_t4": Narrow(rows=4, cpt=2, threads=448, tokens=8, tc=1),
-        "narrow_t2c": Narrow(rows=2, cpt=2, threads=448, tokens=8, tc=1, batch=4, regs=72),
         "ring_c8": Ring(tk=128, stages=8, warps=4, loaders=1, split=8),
     },
     FUSED_A: {

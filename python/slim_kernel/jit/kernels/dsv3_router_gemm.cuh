@@ -19,13 +19,6 @@
 // The block bound: 10 warps, the most a skinny configuration launches (catalogue.Skinny: warps
 // <= 10), the narrow kernel's compile-time block size, or the ring's compute + loader warps; one
 // CTA per SM is the design point.
-#ifndef SK_TC
-#define SK_TC 0  // narrow: 1 = tensor-core dot products (narrow_gemm.cuh)
-#endif
-#ifndef SK_TB
-#define SK_TB 0  // narrow: tokens per load batch, 0 = the kernel's default
-#endif
-
 #if SK_FAMILY == 0
 #define SK_BLOCK_BOUND 320
 #elif SK_FAMILY == 1
@@ -34,20 +27,14 @@
 #define SK_BLOCK_BOUND (32 * (SK_CW + SK_LW + 1))
 #endif
 
-#ifdef SK_MAXNREG
-#define SK_BOUNDS __maxnreg__(SK_MAXNREG)  // (ptxas refuses it together with __launch_bounds__)
-#else
-#define SK_BOUNDS __launch_bounds__(SK_BLOCK_BOUND, 1)
-#endif
-
-extern "C" __global__ void SK_BOUNDS
+extern "C" __global__ void __launch_bounds__(SK_BLOCK_BOUND, 1)
 dsv3_router_gemm_kernel(const __nv_bfloat16* __restrict__ hidden_states, const __nv_bfloat16* __restrict__ router_weights,
                         void* __restrict__ out, int M, int E, int K, int ld_hidden, int ld_weight, int ld_out) {
 #if SK_FAMILY == 0
     slim::skinny_gemm<SK_RT, SK_NT, SK_STAGES, SK_OUT_BF16 != 0>(hidden_states, router_weights, out, M, E, K, ld_hidden,
                                                                 ld_weight, ld_out);
 #elif SK_FAMILY == 1
-    slim::narrow_gemm<SK_ROWS, SK_MT, SK_TB, SK_CPT, SK_THREADS, SK_TC != 0, SK_OUT_BF16 != 0>(hidden_states, router_weights, out, M, E, K,
+    slim::narrow_gemm<SK_ROWS, SK_MT, SK_CPT, SK_THREADS, SK_OUT_BF16 != 0>(hidden_states, router_weights, out, M, E, K,
                                                                            ld_hidden, ld_weight, ld_out);
 #else
     slim::ring_gemm<SK_NT, SK_TK, SK_STAGES, SK_CW, SK_LW, SK_OUT_BF16 != 0>(hidden_states, router_weights, out,

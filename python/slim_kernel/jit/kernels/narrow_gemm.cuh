@@ -31,44 +31,12 @@ __device__ __forceinline__ void bf16x8_to_f32(const unsigned (&v)[4], float (&f)
     }
 }
 
-// Tensor-core dot products (TC): lane (g, t) feeds its own chunks to mma.m16n8k16 as A rows g and g+8
-// (weight rows 2p and 2p+1) and B column g (the token), so D[g][g] and D[g+8][g] are the sums of
-// the four lanes g*4..g*4+3's chunk dot products; the other D entries pair one quad's weights with
-// another's tokens and are dropped. An eighth of the MMA is useful, but one instruction replaces
-// the 16 FMAs and 24 conversions of a row pair's 8-k half, and only lanes t == g/2 keep a sum.
-template <int ROWS, int MTP, int TB, int CPT>
-__device__ __forceinline__ void narrow_tc_batch(float (&acc)[ROWS][MTP], const unsigned (&wv)[ROWS][CPT][4],
-                                                const unsigned (&xv)[TB][CPT][4], int m0, int m_used) {
-    const bool odd = (threadIdx.x >> 2) & 1;  // g odd: D column g is c1 / c3
-#pragma unroll
-    for (int i = 0; i < TB; ++i) {
-        if (m0 + i >= m_used) break;
-#pragma unroll
-        for (int p = 0; p < (ROWS + 1) / 2; ++p) {
-            float d[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll
-            for (int j = 0; j < CPT; ++j)
-#pragma unroll
-                for (int s = 0; s < 2; ++s) {
-                    const unsigned hi0 = 2 * p + 1 < ROWS ? wv[2 * p + 1 < ROWS ? 2 * p + 1 : 0][j][2 * s] : 0u;
-                    const unsigned hi1 = 2 * p + 1 < ROWS ? wv[2 * p + 1 < ROWS ? 2 * p + 1 : 0][j][2 * s + 1] : 0u;
-                    mma_bf16_16816(d, wv[2 * p][j][2 * s], hi0, wv[2 * p][j][2 * s + 1], hi1, xv[i][j][2 * s],
-                                   xv[i][j][2 * s + 1]);
-                }
-            acc[2 * p][m0 + i] += odd ? d[1] : d[0];
-            if (2 * p + 1 < ROWS) acc[2 * p + 1 < ROWS ? 2 * p + 1 : 0][m0 + i] += odd ? d[3] : d[2];
-        }
-    }
-}
-
-template <int ROWS, int MT, int TBX, int CPT, int THREADS, bool TC, bool OUT_BF16>
+template <int ROWS, int MT, int CPT, int THREADS, bool OUT_BF16>
 __device__ __forceinline__ void narrow_gemm(const __nv_bfloat16* __restrict__ act, const __nv_bfloat16* __restrict__ w,
                                             void* __restrict__ out, int M, int N, int K, int lda, int ldw, int ldo) {
     static_assert(ROWS >= 1 && ROWS <= 8 && MT >= 1 && MT <= 16 && CPT >= 1 && THREADS % 32 == 0, "bad narrow config");
     constexpr int WARPS = THREADS / 32;
-    // tokens per load batch: TBX, or all up to 8 (16 tokens in 4: no spills at 448 threads)
-    constexpr int TB = TBX > 0 ? TBX : MT <= 8 ? MT : 4;
-    constexpr int MTP = (MT + TB - 1) / TB * TB;  // whole batches index acc; tokens past m_used are never summed
+    constexpr int TB = MT <= 8 ? MT : 4;  // tokens per load batch (16 tokens in 4: no spills at 448 threads)
     extern __shared__ __align__(16) float red[];  // [ROWS * MT][THREADS]
 
     pdl_launch_dependents();
@@ -79,11 +47,11 @@ __device__ __forceinline__ void narrow_gemm(const __nv_bfloat16* __restrict__ ac
     const int nchunk = K >> 3;
     const int m_used = M < MT ? M : MT;
 
-    float acc[ROWS][MTP];
+    float acc[ROWS][MT];
 #pragma unroll
     for (int r = 0; r < ROWS; ++r)
 #pragma unroll
-        for (int m = 0; m < MTP; ++m) acc[r][m] = 0.f;
+        for (int m = 0; m < MT; ++m) acc[r][m] = 0.f;
 
     for (int c0 = 0; c0 < nchunk; c0 += THREADS * CPT) {
         unsigned wv[ROWS][CPT][4];
@@ -116,10 +84,6 @@ __device__ __forceinline__ void narrow_gemm(const __nv_bfloat16* __restrict__ ac
                         xv[i][j][0] = xv[i][j][1] = xv[i][j][2] = xv[i][j][3] = 0u;
                     }
                 }
-            if constexpr (TC) {
-                narrow_tc_batch<ROWS, MTP, TB, CPT>(acc, wv, xv, m0, m_used);
-                continue;
-            }
 #pragma unroll
             for (int j = 0; j < CPT; ++j) {
                 float wf[ROWS][8];
@@ -139,13 +103,11 @@ __device__ __forceinline__ void narrow_gemm(const __nv_bfloat16* __restrict__ ac
         }
     }
 
-    // TC: only lanes t == g/2 hold sums (D[g][g] and D[g+8][g]); the others' D entries are dropped
-    const bool keep = !TC || (tid & 3) == ((tid >> 3) & 3);
 #pragma unroll
     for (int r = 0; r < ROWS; ++r)
 #pragma unroll
         for (int m = 0; m < MT; ++m)
-            if (m < m_used) red[(r * MT + m) * THREADS + tid] = keep ? acc[r][m] : 0.f;
+            if (m < m_used) red[(r * MT + m) * THREADS + tid] = acc[r][m];
     __syncthreads();
 
     const int lane = tid & 31;
