@@ -97,6 +97,7 @@ class Narrow:
     cpt: int = 2  # 16-byte chunks per thread per row and round (compile-time)
     threads: int = 448  # block size (compile-time: K = 7168 is one round of 448 x 2 chunks)
     tokens: int = 16  # the largest M served: 4, 8 or 16 (more rows x tokens spill at 448 threads)
+    ld: int = 0  # 0: both operands through ld.global.nc.L1::no_allocate, 1: tokens plain, 2: both plain
 
     def __post_init__(self):
         _check(1 <= self.rows <= 8 and 1 <= self.cpt <= 4 and self.threads % 32 == 0 and 32 <= self.threads <= 1024
@@ -109,8 +110,9 @@ class Narrow:
     def instance(self, op: str, m: int, out_dtype: str) -> KernelInstance:
         if m > self.tokens:
             raise ValueError(f"this narrow kernel serves M <= {self.tokens}, got M={m}")
+        ld = {"SK_LD": self.ld} if self.ld else {}
         return _make(op, out_dtype, SK_FAMILY=1, SK_ROWS=self.rows, SK_MT=_mt(m), SK_CPT=self.cpt,
-                     SK_THREADS=self.threads)
+                     SK_THREADS=self.threads, **ld)
 
     def geometry(self, n: int, k: int, sm_count: int) -> tuple[tuple, tuple, tuple | None]:
         return (_cdiv(n, self.rows), 1, 1), (self.threads, 1, 1), None
@@ -284,6 +286,10 @@ VARIANTS: dict[str, dict[str, GemmConfig]] = {
         "narrow_r1": Narrow(rows=1, cpt=2, threads=448, tokens=4),  # 2 CTAs/SM need <= 72 registers
         "narrow_r2": Narrow(rows=2, cpt=2, threads=448, tokens=16),
         "narrow_r3": Narrow(rows=3, cpt=2, threads=448, tokens=8),
+        "narrow_r1g": Narrow(rows=1, cpt=2, threads=448, tokens=4, ld=2),
+        "narrow_r2g": Narrow(rows=2, cpt=2, threads=448, tokens=16, ld=2),
+        "narrow_r2x": Narrow(rows=2, cpt=2, threads=448, tokens=16, ld=1),
+        "narrow_r3g": Narrow(rows=3, cpt=2, threads=448, tokens=8, ld=2),
         "ring_c8": Ring(tk=128, stages=8, warps=4, loaders=1, split=8),
     },
     FUSED_A: {

@@ -19,6 +19,10 @@
 // The block bound: 10 warps, the most a skinny configuration launches (catalogue.Skinny: warps
 // <= 10), the narrow kernel's compile-time block size, or the ring's compute + loader warps; one
 // CTA per SM is the design point.
+#ifndef SK_LD
+#define SK_LD 0  // narrow: which operands go through plain loads (narrow_gemm.cuh)
+#endif
+
 #if SK_FAMILY == 0
 #define SK_BLOCK_BOUND 320
 #elif SK_FAMILY == 1
@@ -34,7 +38,7 @@ dsv3_router_gemm_kernel(const __nv_bfloat16* __restrict__ hidden_states, const _
     slim::skinny_gemm<SK_RT, SK_NT, SK_STAGES, SK_OUT_BF16 != 0>(hidden_states, router_weights, out, M, E, K, ld_hidden,
                                                                 ld_weight, ld_out);
 #elif SK_FAMILY == 1
-    slim::narrow_gemm<SK_ROWS, SK_MT, SK_CPT, SK_THREADS, SK_OUT_BF16 != 0>(hidden_states, router_weights, out, M, E, K,
+    slim::narrow_gemm<SK_ROWS, SK_MT, SK_CPT, SK_THREADS, SK_LD, SK_OUT_BF16 != 0>(hidden_states, router_weights, out, M, E, K,
                                                                            ld_hidden, ld_weight, ld_out);
 #else
     slim::ring_gemm<SK_NT, SK_TK, SK_STAGES, SK_CW, SK_LW, SK_OUT_BF16 != 0>(hidden_states, router_weights, out,

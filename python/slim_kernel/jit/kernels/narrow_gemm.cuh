@@ -31,7 +31,17 @@ __device__ __forceinline__ void bf16x8_to_f32(const unsigned (&v)[4], float (&f)
     }
 }
 
-template <int ROWS, int MT, int CPT, int THREADS, bool OUT_BF16>
+// LD: 0 = both operands through ld.global.nc.L1::no_allocate, 1 = tokens through plain loads, 2 = both plain.
+template <int LD, bool TOKEN>
+__device__ __forceinline__ void narrow_load(const __nv_bfloat16* p, unsigned (&v)[4]) {
+    if constexpr (LD == 2 || (LD == 1 && TOKEN)) {
+        ldg128(p, v);
+    } else {
+        ldg_nc128(p, v);
+    }
+}
+
+template <int ROWS, int MT, int CPT, int THREADS, int LD, bool OUT_BF16>
 __device__ __forceinline__ void narrow_gemm(const __nv_bfloat16* __restrict__ act, const __nv_bfloat16* __restrict__ w,
                                             void* __restrict__ out, int M, int N, int K, int lda, int ldw, int ldo) {
     static_assert(ROWS >= 1 && ROWS <= 8 && MT >= 1 && MT <= 16 && CPT >= 1 && THREADS % 32 == 0, "bad narrow config");
@@ -61,7 +71,7 @@ __device__ __forceinline__ void narrow_gemm(const __nv_bfloat16* __restrict__ ac
             for (int j = 0; j < CPT; ++j) {
                 const int c = c0 + j * THREADS + tid;
                 if (c < nchunk && row0 + r < N) {
-                    ldg_nc128(w + (long long)(row0 + r) * ldw + 8 * c, wv[r][j]);
+                    narrow_load<LD, false>(w + (long long)(row0 + r) * ldw + 8 * c, wv[r][j]);
                 } else {
                     wv[r][j][0] = wv[r][j][1] = wv[r][j][2] = wv[r][j][3] = 0u;
                 }
@@ -79,7 +89,7 @@ __device__ __forceinline__ void narrow_gemm(const __nv_bfloat16* __restrict__ ac
                 for (int j = 0; j < CPT; ++j) {
                     const int c = c0 + j * THREADS + tid;
                     if (m0 + i < m_used && c < nchunk) {
-                        ldg_nc128(act + (long long)(m0 + i) * lda + 8 * c, xv[i][j]);
+                        narrow_load<LD, true>(act + (long long)(m0 + i) * lda + 8 * c, xv[i][j]);
                     } else {
                         xv[i][j][0] = xv[i][j][1] = xv[i][j][2] = xv[i][j][3] = 0u;
                     }

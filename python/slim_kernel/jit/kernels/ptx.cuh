@@ -53,6 +53,12 @@ __device__ __forceinline__ void ldg_nc128(const void* p, unsigned (&v)[4]) {
                  : "=r"(v[0]), "=r"(v[1]), "=r"(v[2]), "=r"(v[3]) : "l"(p));
 }
 
+// Plain 16-byte global load (coherent path, L1-allocating), as a compiler-generated vector load.
+__device__ __forceinline__ void ldg128(const void* p, unsigned (&v)[4]) {
+    asm volatile("ld.global.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(v[0]), "=r"(v[1]), "=r"(v[2]), "=r"(v[3]) : "l"(p));
+}
+
 // D += A(16x16, row) * B(16x8, col), bf16 inputs, fp32 accumulators.
 __device__ __forceinline__ void mma_bf16_16816(float (&d)[4], unsigned a0, unsigned a1, unsigned a2,
                                                unsigned a3, unsigned b0, unsigned b1) {
