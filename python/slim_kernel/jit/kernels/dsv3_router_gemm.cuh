@@ -22,6 +22,12 @@
 #ifndef SK_LD
 #define SK_LD 0  // narrow: which operands go through plain loads (narrow_gemm.cuh)
 #endif
+#ifndef SK_SHFL
+#define SK_SHFL 0  // narrow: warp sums first
+#endif
+#ifndef SK_LATE
+#define SK_LATE 0  // narrow: PDL trigger after the FMAs
+#endif
 
 #if SK_FAMILY == 0
 #define SK_BLOCK_BOUND 320
@@ -31,14 +37,20 @@
 #define SK_BLOCK_BOUND (32 * (SK_CW + SK_LW + 1))
 #endif
 
-extern "C" __global__ void __launch_bounds__(SK_BLOCK_BOUND, 1)
+#ifdef SK_MAXNREG
+#define SK_BOUNDS __maxnreg__(SK_MAXNREG)  // (ptxas refuses it together with __launch_bounds__)
+#else
+#define SK_BOUNDS __launch_bounds__(SK_BLOCK_BOUND, 1)
+#endif
+
+extern "C" __global__ void SK_BOUNDS
 dsv3_router_gemm_kernel(const __nv_bfloat16* __restrict__ hidden_states, const __nv_bfloat16* __restrict__ router_weights,
                         void* __restrict__ out, int M, int E, int K, int ld_hidden, int ld_weight, int ld_out) {
 #if SK_FAMILY == 0
     slim::skinny_gemm<SK_RT, SK_NT, SK_STAGES, SK_OUT_BF16 != 0>(hidden_states, router_weights, out, M, E, K, ld_hidden,
                                                                 ld_weight, ld_out);
 #elif SK_FAMILY == 1
-    slim::narrow_gemm<SK_ROWS, SK_MT, SK_CPT, SK_THREADS, SK_LD, SK_OUT_BF16 != 0>(hidden_states, router_weights, out, M, E, K,
+    slim::narrow_gemm<SK_ROWS, SK_MT, SK_CPT, SK_THREADS, SK_LD, SK_SHFL != 0, SK_LATE != 0, SK_OUT_BF16 != 0>(hidden_states, router_weights, out, M, E, K,
                                                                            ld_hidden, ld_weight, ld_out);
 #else
     slim::ring_gemm<SK_NT, SK_TK, SK_STAGES, SK_CW, SK_LW, SK_OUT_BF16 != 0>(hidden_states, router_weights, out,

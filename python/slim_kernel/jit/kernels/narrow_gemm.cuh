@@ -21,7 +21,10 @@
 
 namespace slim {
 
-__host__ __device__ constexpr int narrow_smem_bytes(int rows, int mt, int threads) { return rows * mt * threads * 4; }
+// Partials in shared memory: one per thread and output, or (shfl) one per warp and output.
+__host__ __device__ constexpr int narrow_smem_bytes(int rows, int mt, int threads, bool shfl = false) {
+    return rows * mt * (shfl ? threads / 32 : threads) * 4;
+}
 
 __device__ __forceinline__ void bf16x8_to_f32(const unsigned (&v)[4], float (&f)[8]) {
 #pragma unroll
@@ -41,7 +44,7 @@ __device__ __forceinline__ void narrow_load(const __nv_bfloat16* p, unsigned (&v
     }
 }
 
-template <int ROWS, int MT, int CPT, int THREADS, int LD, bool OUT_BF16>
+template <int ROWS, int MT, int CPT, int THREADS, int LD, bool SHFL, bool LATE, bool OUT_BF16>
 __device__ __forceinline__ void narrow_gemm(const __nv_bfloat16* __restrict__ act, const __nv_bfloat16* __restrict__ w,
                                             void* __restrict__ out, int M, int N, int K, int lda, int ldw, int ldo) {
     static_assert(ROWS >= 1 && ROWS <= 8 && MT >= 1 && MT <= 16 && CPT >= 1 && THREADS % 32 == 0, "bad narrow config");
@@ -49,8 +52,8 @@ __device__ __forceinline__ void narrow_gemm(const __nv_bfloat16* __restrict__ ac
     constexpr int TB = MT <= 8 ? MT : 4;  // tokens per load batch (16 tokens in 4: no spills at 448 threads)
     extern __shared__ __align__(16) float red[];  // [ROWS * MT][THREADS]
 
-    pdl_launch_dependents();
-    require_smem((unsigned)narrow_smem_bytes(ROWS, MT, THREADS));
+    if constexpr (!LATE) pdl_launch_dependents();
+    require_smem((unsigned)narrow_smem_bytes(ROWS, MT, THREADS, SHFL));
 
     const int tid = threadIdx.x;
     const int row0 = blockIdx.x * ROWS;
@@ -113,6 +116,32 @@ __device__ __forceinline__ void narrow_gemm(const __nv_bfloat16* __restrict__ ac
         }
     }
 
+    if constexpr (LATE) pdl_launch_dependents();
+    if constexpr (SHFL) {
+        // Every accumulator's butterfly, unconditionally (tokens past M hold zeros), so the ROWS * MT
+        // chains interleave; then the WARPS partials of each output in warp order.
+#pragma unroll
+        for (int r = 0; r < ROWS; ++r)
+#pragma unroll
+            for (int m = 0; m < MT; ++m)
+#pragma unroll
+                for (int d = 16; d >= 1; d >>= 1) acc[r][m] += __shfl_xor_sync(0xffffffffu, acc[r][m], d);
+        if ((tid & 31) == 0) {
+#pragma unroll
+            for (int r = 0; r < ROWS; ++r)
+#pragma unroll
+                for (int m = 0; m < MT; ++m) red[(r * MT + m) * WARPS + (tid >> 5)] = acc[r][m];
+        }
+        __syncthreads();
+        for (int v = tid; v < ROWS * m_used; v += THREADS) {
+            const int r = v / m_used, m = v - r * m_used;
+            float s = 0.f;
+#pragma unroll
+            for (int i = 0; i < WARPS; ++i) s += red[(r * MT + m) * WARPS + i];
+            if (row0 + r < N) store_out<OUT_BF16>(out, (long long)m * ldo + row0 + r, s);
+        }
+        return;
+    }
 #pragma unroll
     for (int r = 0; r < ROWS; ++r)
 #pragma unroll
