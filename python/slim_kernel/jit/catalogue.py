@@ -97,13 +97,12 @@ class Narrow:
     cpt: int = 2  # 16-byte chunks per thread per row and round (compile-time)
     threads: int = 448  # block size (compile-time: K = 7168 is one round of 448 x 2 chunks)
     tokens: int = 16  # the largest M served: 4, 8 or 16 (more rows x tokens spill at 448 threads)
-    ld: int = 0  # 0: both operands through ld.global.nc.L1::no_allocate, 1: tokens plain, 2: both plain
-    tiny: int = 0  # 1: sglang tiny_gemm's order (warp sums first, late PDL trigger); 2: also at most 80 registers
+    plain: int = 0  # 1: plain loads instead of ld.global.nc.L1::no_allocate (compile-time; narrow_gemm.cuh)
 
     def __post_init__(self):
         _check(1 <= self.rows <= 8 and 1 <= self.cpt <= 4 and self.threads % 32 == 0 and 32 <= self.threads <= 1024
-               and self.tokens in (4, 8, 16), self,
-               "need rows 1..8, cpt 1..4, threads a multiple of 32 in 32..1024, tokens 4, 8 or 16")
+               and self.tokens in (4, 8, 16) and self.plain in (0, 1), self,
+               "need rows 1..8, cpt 1..4, threads a multiple of 32 in 32..1024, tokens 4, 8 or 16, plain 0 or 1")
 
     def max_m(self) -> int:
         return self.tokens
@@ -111,17 +110,15 @@ class Narrow:
     def instance(self, op: str, m: int, out_dtype: str) -> KernelInstance:
         if m > self.tokens:
             raise ValueError(f"this narrow kernel serves M <= {self.tokens}, got M={m}")
-        ld = {"SK_LD": self.ld} if self.ld else {}
-        if self.tiny:
-            ld |= {"SK_SHFL": 1, "SK_LATE": 1} | ({"SK_MAXNREG": 80} if self.tiny == 2 else {})
+        plain = {"SK_PLAIN": 1} if self.plain else {}  # absent when 0: the other instances keep their keys
         return _make(op, out_dtype, SK_FAMILY=1, SK_ROWS=self.rows, SK_MT=_mt(m), SK_CPT=self.cpt,
-                     SK_THREADS=self.threads, **ld)
+                     SK_THREADS=self.threads, **plain)
 
     def geometry(self, n: int, k: int, sm_count: int) -> tuple[tuple, tuple, tuple | None]:
         return (_cdiv(n, self.rows), 1, 1), (self.threads, 1, 1), None
 
     def smem(self, m: int) -> int:  # narrow_smem_bytes in kernels/narrow_gemm.cuh
-        return self.rows * _mt(m) * (self.threads // 32 if self.tiny else self.threads) * 4
+        return self.rows * _mt(m) * self.threads * 4
 
 
 @dataclass(frozen=True)
@@ -289,11 +286,7 @@ VARIANTS: dict[str, dict[str, GemmConfig]] = {
         "narrow_r1": Narrow(rows=1, cpt=2, threads=448, tokens=4),  # 2 CTAs/SM need <= 72 registers
         "narrow_r2": Narrow(rows=2, cpt=2, threads=448, tokens=16),
         "narrow_r3": Narrow(rows=3, cpt=2, threads=448, tokens=8),
-        "narrow_r1g": Narrow(rows=1, cpt=2, threads=448, tokens=4, ld=2),
-        "narrow_r2g": Narrow(rows=2, cpt=2, threads=448, tokens=16, ld=2),
-        "narrow_r2y": Narrow(rows=2, cpt=2, threads=448, tokens=8, ld=2, tiny=1),
-        "narrow_r2z": Narrow(rows=2, cpt=2, threads=448, tokens=8, ld=2, tiny=2),
-        "narrow_r1z": Narrow(rows=1, cpt=2, threads=448, tokens=8, ld=2, tiny=2),
+        "narrow_r1g": Narrow(rows=1, cpt=2, threads=448, tokens=4, plain=1),  # after a PDL-aware producer
         "ring_c8": Ring(tk=128, stages=8, warps=4, loaders=1, split=8),
     },
     FUSED_A: {

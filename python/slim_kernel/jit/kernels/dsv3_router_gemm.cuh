@@ -10,25 +10,19 @@
 //   SK_OUT_BF16 1: bf16 logits, 0: fp32 logits
 //   skinny: SK_NT (token tiles of 8), SK_RT (16-row weight tiles per CTA), SK_STAGES (cp.async ring depth)
 //   narrow: SK_ROWS (rows per CTA), SK_MT (max tokens), SK_CPT (16-byte chunks per thread per row),
-//           SK_THREADS (block size)
+//           SK_THREADS (block size), SK_PLAIN (optional: plain loads)
 //   ring:   SK_NT, SK_TK (k per stage), SK_STAGES, SK_CW (compute warps), SK_LW (weight-loader warps)
 #include "narrow_gemm.cuh"
 #include "ring_gemm.cuh"
 #include "skinny_gemm.cuh"
 
+#ifndef SK_PLAIN
+#define SK_PLAIN 0  // narrow: 1 = plain (coherent, L1-allocating) loads instead of ld.global.nc
+#endif
+
 // The block bound: 10 warps, the most a skinny configuration launches (catalogue.Skinny: warps
 // <= 10), the narrow kernel's compile-time block size, or the ring's compute + loader warps; one
 // CTA per SM is the design point.
-#ifndef SK_LD
-#define SK_LD 0  // narrow: which operands go through plain loads (narrow_gemm.cuh)
-#endif
-#ifndef SK_SHFL
-#define SK_SHFL 0  // narrow: warp sums first
-#endif
-#ifndef SK_LATE
-#define SK_LATE 0  // narrow: PDL trigger after the FMAs
-#endif
-
 #if SK_FAMILY == 0
 #define SK_BLOCK_BOUND 320
 #elif SK_FAMILY == 1
@@ -37,20 +31,14 @@
 #define SK_BLOCK_BOUND (32 * (SK_CW + SK_LW + 1))
 #endif
 
-#ifdef SK_MAXNREG
-#define SK_BOUNDS __maxnreg__(SK_MAXNREG)  // (ptxas refuses it together with __launch_bounds__)
-#else
-#define SK_BOUNDS __launch_bounds__(SK_BLOCK_BOUND, 1)
-#endif
-
-extern "C" __global__ void SK_BOUNDS
+extern "C" __global__ void __launch_bounds__(SK_BLOCK_BOUND, 1)
 dsv3_router_gemm_kernel(const __nv_bfloat16* __restrict__ hidden_states, const __nv_bfloat16* __restrict__ router_weights,
                         void* __restrict__ out, int M, int E, int K, int ld_hidden, int ld_weight, int ld_out) {
 #if SK_FAMILY == 0
     slim::skinny_gemm<SK_RT, SK_NT, SK_STAGES, SK_OUT_BF16 != 0>(hidden_states, router_weights, out, M, E, K, ld_hidden,
                                                                 ld_weight, ld_out);
 #elif SK_FAMILY == 1
-    slim::narrow_gemm<SK_ROWS, SK_MT, SK_CPT, SK_THREADS, SK_LD, SK_SHFL != 0, SK_LATE != 0, SK_OUT_BF16 != 0>(hidden_states, router_weights, out, M, E, K,
+    slim::narrow_gemm<SK_ROWS, SK_MT, SK_CPT, SK_THREADS, SK_PLAIN != 0, SK_OUT_BF16 != 0>(hidden_states, router_weights, out, M, E, K,
                                                                            ld_hidden, ld_weight, ld_out);
 #else
     slim::ring_gemm<SK_NT, SK_TK, SK_STAGES, SK_CW, SK_LW, SK_OUT_BF16 != 0>(hidden_states, router_weights, out,

@@ -9,6 +9,9 @@
 //    THREADS*CPT chunks at a time (one round covers K <= 8*CPT*THREADS).
 //  * Tokens are read after the wait, in batches of up to 8 whose loads all issue before their fp32
 //    FMAs (CUDA cores; ROWS*M*K per CTA is small for few rows and tokens).
+//  * Loads go through ld.global.nc.L1::no_allocate, or (PLAIN) the coherent L1-allocating path.
+//    After a PDL-aware producer PLAIN is 0.05-0.3 us faster for one row per CTA at M 2-4; after a
+//    PDL-unaware one it is ~0.2 us slower (H200 runs 47-48, benchmark/results/h200/NOTES_kernels.md).
 //  * Reduction in a fixed order: every thread's ROWS*M partials go to shared memory (value-major,
 //    conflict-free), then warp w sums outputs w, w+WARPS, ...: each lane adds WARPS partials,
 //    then a butterfly over the lanes. Repeated runs are bit-identical.
@@ -21,10 +24,7 @@
 
 namespace slim {
 
-// Partials in shared memory: one per thread and output, or (shfl) one per warp and output.
-__host__ __device__ constexpr int narrow_smem_bytes(int rows, int mt, int threads, bool shfl = false) {
-    return rows * mt * (shfl ? threads / 32 : threads) * 4;
-}
+__host__ __device__ constexpr int narrow_smem_bytes(int rows, int mt, int threads) { return rows * mt * threads * 4; }
 
 __device__ __forceinline__ void bf16x8_to_f32(const unsigned (&v)[4], float (&f)[8]) {
 #pragma unroll
@@ -34,17 +34,16 @@ __device__ __forceinline__ void bf16x8_to_f32(const unsigned (&v)[4], float (&f)
     }
 }
 
-// LD: 0 = both operands through ld.global.nc.L1::no_allocate, 1 = tokens through plain loads, 2 = both plain.
-template <int LD, bool TOKEN>
+template <bool PLAIN>
 __device__ __forceinline__ void narrow_load(const __nv_bfloat16* p, unsigned (&v)[4]) {
-    if constexpr (LD == 2 || (LD == 1 && TOKEN)) {
+    if constexpr (PLAIN) {
         ldg128(p, v);
     } else {
         ldg_nc128(p, v);
     }
 }
 
-template <int ROWS, int MT, int CPT, int THREADS, int LD, bool SHFL, bool LATE, bool OUT_BF16>
+template <int ROWS, int MT, int CPT, int THREADS, bool PLAIN, bool OUT_BF16>
 __device__ __forceinline__ void narrow_gemm(const __nv_bfloat16* __restrict__ act, const __nv_bfloat16* __restrict__ w,
                                             void* __restrict__ out, int M, int N, int K, int lda, int ldw, int ldo) {
     static_assert(ROWS >= 1 && ROWS <= 8 && MT >= 1 && MT <= 16 && CPT >= 1 && THREADS % 32 == 0, "bad narrow config");
@@ -52,8 +51,8 @@ __device__ __forceinline__ void narrow_gemm(const __nv_bfloat16* __restrict__ ac
     constexpr int TB = MT <= 8 ? MT : 4;  // tokens per load batch (16 tokens in 4: no spills at 448 threads)
     extern __shared__ __align__(16) float red[];  // [ROWS * MT][THREADS]
 
-    if constexpr (!LATE) pdl_launch_dependents();
-    require_smem((unsigned)narrow_smem_bytes(ROWS, MT, THREADS, SHFL));
+    pdl_launch_dependents();
+    require_smem((unsigned)narrow_smem_bytes(ROWS, MT, THREADS));
 
     const int tid = threadIdx.x;
     const int row0 = blockIdx.x * ROWS;
@@ -74,7 +73,7 @@ __device__ __forceinline__ void narrow_gemm(const __nv_bfloat16* __restrict__ ac
             for (int j = 0; j < CPT; ++j) {
                 const int c = c0 + j * THREADS + tid;
                 if (c < nchunk && row0 + r < N) {
-                    narrow_load<LD, false>(w + (long long)(row0 + r) * ldw + 8 * c, wv[r][j]);
+                    narrow_load<PLAIN>(w + (long long)(row0 + r) * ldw + 8 * c, wv[r][j]);
                 } else {
                     wv[r][j][0] = wv[r][j][1] = wv[r][j][2] = wv[r][j][3] = 0u;
                 }
@@ -92,7 +91,7 @@ __device__ __forceinline__ void narrow_gemm(const __nv_bfloat16* __restrict__ ac
                 for (int j = 0; j < CPT; ++j) {
                     const int c = c0 + j * THREADS + tid;
                     if (m0 + i < m_used && c < nchunk) {
-                        narrow_load<LD, true>(act + (long long)(m0 + i) * lda + 8 * c, xv[i][j]);
+                        narrow_load<PLAIN>(act + (long long)(m0 + i) * lda + 8 * c, xv[i][j]);
                     } else {
                         xv[i][j][0] = xv[i][j][1] = xv[i][j][2] = xv[i][j][3] = 0u;
                     }
@@ -116,32 +115,6 @@ __device__ __forceinline__ void narrow_gemm(const __nv_bfloat16* __restrict__ ac
         }
     }
 
-    if constexpr (LATE) pdl_launch_dependents();
-    if constexpr (SHFL) {
-        // Every accumulator's butterfly, unconditionally (tokens past M hold zeros), so the ROWS * MT
-        // chains interleave; then the WARPS partials of each output in warp order.
-#pragma unroll
-        for (int r = 0; r < ROWS; ++r)
-#pragma unroll
-            for (int m = 0; m < MT; ++m)
-#pragma unroll
-                for (int d = 16; d >= 1; d >>= 1) acc[r][m] += __shfl_xor_sync(0xffffffffu, acc[r][m], d);
-        if ((tid & 31) == 0) {
-#pragma unroll
-            for (int r = 0; r < ROWS; ++r)
-#pragma unroll
-                for (int m = 0; m < MT; ++m) red[(r * MT + m) * WARPS + (tid >> 5)] = acc[r][m];
-        }
-        __syncthreads();
-        for (int v = tid; v < ROWS * m_used; v += THREADS) {
-            const int r = v / m_used, m = v - r * m_used;
-            float s = 0.f;
-#pragma unroll
-            for (int i = 0; i < WARPS; ++i) s += red[(r * MT + m) * WARPS + i];
-            if (row0 + r < N) store_out<OUT_BF16>(out, (long long)m * ldo + row0 + r, s);
-        }
-        return;
-    }
 #pragma unroll
     for (int r = 0; r < ROWS; ++r)
 #pragma unroll
