@@ -98,6 +98,7 @@ class Narrow:
     threads: int = 448  # block size (compile-time: K = 7168 is one round of 448 x 2 chunks)
     tokens: int = 16  # the largest M served: 4, 8 or 16 (more rows x tokens spill at 448 threads)
     plain: int = 0  # 1: plain loads instead of ld.global.nc.L1::no_allocate (compile-time; narrow_gemm.cuh)
+    exactk: int = 0  # also a body compiled for K == exactk (compile-time; 0: none)
 
     def __post_init__(self):
         _check(1 <= self.rows <= 8 and 1 <= self.cpt <= 4 and self.threads % 32 == 0 and 32 <= self.threads <= 1024
@@ -111,6 +112,7 @@ class Narrow:
         if m > self.tokens:
             raise ValueError(f"this narrow kernel serves M <= {self.tokens}, got M={m}")
         plain = {"SK_PLAIN": 1} if self.plain else {}  # absent when 0: the other instances keep their keys
+        plain |= {"SK_EXACTK": self.exactk} if self.exactk else {}
         return _make(op, out_dtype, SK_FAMILY=1, SK_ROWS=self.rows, SK_MT=_mt(m), SK_CPT=self.cpt,
                      SK_THREADS=self.threads, **plain)
 
@@ -287,6 +289,9 @@ VARIANTS: dict[str, dict[str, GemmConfig]] = {
         "narrow_r2": Narrow(rows=2, cpt=2, threads=448, tokens=16),
         "narrow_r3": Narrow(rows=3, cpt=2, threads=448, tokens=8),
         "narrow_r1g": Narrow(rows=1, cpt=2, threads=448, tokens=4, plain=1),  # after a PDL-aware producer
+        "narrow_r1k": Narrow(rows=1, cpt=2, threads=448, tokens=4, exactk=7168),
+        "narrow_r1gk": Narrow(rows=1, cpt=2, threads=448, tokens=4, plain=1, exactk=7168),
+        "narrow_r2k": Narrow(rows=2, cpt=2, threads=448, tokens=16, exactk=7168),
         "ring_c8": Ring(tk=128, stages=8, warps=4, loaders=1, split=8),
     },
     FUSED_A: {

@@ -16,6 +16,9 @@
 #include "ring_gemm.cuh"
 #include "skinny_gemm.cuh"
 
+#ifndef SK_EXACTK
+#define SK_EXACTK 0  // narrow: also a body compiled for K == SK_EXACTK
+#endif
 #ifndef SK_PLAIN
 #define SK_PLAIN 0  // narrow: 1 = plain (coherent, L1-allocating) loads instead of ld.global.nc
 #endif
@@ -38,6 +41,13 @@ dsv3_router_gemm_kernel(const __nv_bfloat16* __restrict__ hidden_states, const _
     slim::skinny_gemm<SK_RT, SK_NT, SK_STAGES, SK_OUT_BF16 != 0>(hidden_states, router_weights, out, M, E, K, ld_hidden,
                                                                 ld_weight, ld_out);
 #elif SK_FAMILY == 1
+#if SK_EXACTK
+    if (K == SK_EXACTK) {  // uniform: a body compiled for this K (no K loop, no chunk predicates)
+        slim::narrow_gemm<SK_ROWS, SK_MT, SK_CPT, SK_THREADS, SK_PLAIN != 0, SK_OUT_BF16 != 0, SK_EXACTK>(
+            hidden_states, router_weights, out, M, E, K, ld_hidden, ld_weight, ld_out);
+        return;
+    }
+#endif
     slim::narrow_gemm<SK_ROWS, SK_MT, SK_CPT, SK_THREADS, SK_PLAIN != 0, SK_OUT_BF16 != 0>(hidden_states, router_weights, out, M, E, K,
                                                                            ld_hidden, ld_weight, ld_out);
 #else

@@ -43,7 +43,7 @@ __device__ __forceinline__ void narrow_load(const __nv_bfloat16* p, unsigned (&v
     }
 }
 
-template <int ROWS, int MT, int CPT, int THREADS, bool PLAIN, bool OUT_BF16>
+template <int ROWS, int MT, int CPT, int THREADS, bool PLAIN, bool OUT_BF16, int KC = 0>
 __device__ __forceinline__ void narrow_gemm(const __nv_bfloat16* __restrict__ act, const __nv_bfloat16* __restrict__ w,
                                             void* __restrict__ out, int M, int N, int K, int lda, int ldw, int ldo) {
     static_assert(ROWS >= 1 && ROWS <= 8 && MT >= 1 && MT <= 16 && CPT >= 1 && THREADS % 32 == 0, "bad narrow config");
@@ -56,7 +56,7 @@ __device__ __forceinline__ void narrow_gemm(const __nv_bfloat16* __restrict__ ac
 
     const int tid = threadIdx.x;
     const int row0 = blockIdx.x * ROWS;
-    const int nchunk = K >> 3;
+    const int nchunk = KC ? KC >> 3 : K >> 3;  // KC: K known at compile time (the caller checked K == KC)
     const int m_used = M < MT ? M : MT;
 
     float acc[ROWS][MT];
