@@ -3,7 +3,9 @@
     python benchmark/make_routing.py RESULTS.json [RESULTS.json ...] \\
         [--table python/slim_kernel/tables/routing_sm90.json] [--summary benchmark/results/h200/decode_step_summary.json]
 
-RESULTS are ``bench_gemm.py`` JSONs (one per flashinfer version). The table (read by
+RESULTS are ``bench_gemm.py`` JSONs. Several of one flashinfer version merge point by point, a
+later file's rows replacing an earlier one's (a narrowed re-run of some points, e.g. ``--ops router
+--ms 1-8`` with new kernel variants, over the full run); every row stays one side-by-side run. The table (read by
 ``slim_kernel/routing.py``) gets, per op, shape, M, flashinfer version and launch context, the µs
 of every candidate the registry can run, from the decode-step rows: ``pdl: true`` after the
 PDL-aware producer with PDL launches, ``pdl: false`` after the PDL-unaware producer without
@@ -88,6 +90,29 @@ def table_entries(report: dict) -> list[dict]:
     return entries
 
 
+def _row_key(row: dict) -> tuple:
+    return (row["op"], json.dumps(row["shape"], sort_keys=True), row.get("pattern"), row.get("producer"), row["cache"])
+
+
+def merge_reports(reports: list[dict]) -> list[dict]:
+    """One report per flashinfer version: later reports' rows replace earlier ones' at the same point."""
+    merged: dict[str, dict] = {}
+    for rep in reports:
+        version = rep["versions"].get("flashinfer", "not installed")
+        if version not in merged:
+            merged[version] = {**rep, "rows": list(rep["rows"])}
+            continue
+        base = merged[version]
+        index = {_row_key(r): i for i, r in enumerate(base["rows"])}
+        for row in rep["rows"]:
+            if _row_key(row) in index:
+                base["rows"][index[_row_key(row)]] = row
+            else:
+                base["rows"].append(row)
+        base["command"] = f"{base['command']} ; then {rep['command']}"
+    return list(merged.values())
+
+
 def build_table(reports: list[dict], old: dict | None, generated_by: str) -> dict:
     new = [e for r in reports for e in table_entries(r)]
     versions = {e["flashinfer"] for e in new}
@@ -140,7 +165,7 @@ def main(argv=None) -> int:
     ap.add_argument("--table", default=str(TABLE), help="routing table to write (rows of other versions are kept)")
     ap.add_argument("--summary", help="decode_step_summary.json to write (rows of other versions are kept)")
     args = ap.parse_args(argv)
-    reports = [json.loads(Path(p).read_text()) for p in args.results]
+    reports = merge_reports([json.loads(Path(p).read_text()) for p in args.results])
     table_path = Path(args.table)
     old = json.loads(table_path.read_text()) if table_path.exists() else None
     cmd = "python benchmark/make_routing.py " + " ".join(args.results)

@@ -38,8 +38,8 @@ def test_instances_are_unique_and_bucketed():
     nts = {dict(i.defines).get("SK_NT") for op, i in pairs if dict(i.defines)["SK_FAMILY"] != 1}
     assert nts == {1, 2, 4, 8}
     mts = {dict(i.defines)["SK_MT"] for op, i in pairs if dict(i.defines)["SK_FAMILY"] == 1}
-    assert mts == {1, 2, 3, 4, 5, 6, 7, 8, 16}  # exact up to 8, then one 16-token instance
-    narrow = cat.VARIANTS[ROUTER]["narrow_r2"]
+    assert mts == {1, 2, 3, 4, 5, 6, 7, 8}  # exact token counts: the shipped narrow variants serve M <= 8
+    narrow = cat.Narrow(rows=2, tokens=16)
     assert [dict(narrow.instance(ROUTER, m, "float32").defines)["SK_MT"] for m in (1, 3, 5, 8, 9, 16)] == [1, 3, 5, 8, 16, 16]
     assert {op for op, _ in pairs} == {ROUTER, FUSED_A}
     assert {op for op, i in pairs if dict(i.defines)["SK_FAMILY"] == 1} == {ROUTER}
@@ -78,8 +78,8 @@ def test_env_rules_are_checked_when_a_call_is_planned(monkeypatch):
     assert jb.config_for(ROUTER, 3, "skinny") == ("rules", cat.Narrow(rows=1))
     jb._RULES.pop(ROUTER, None)
     monkeypatch.delenv(jb.env_var(ROUTER))
-    assert jb.config_for(ROUTER, 3, "narrow_r2") == ("narrow_r2", cat.VARIANTS[ROUTER]["narrow_r2"])
-    assert jb.config_for(ROUTER, 20, "narrow_r2")[0] == cat.FALLBACK_VARIANT  # narrow cannot serve M=20
+    assert jb.config_for(ROUTER, 3, "narrow_r2k") == ("narrow_r2k", cat.VARIANTS[ROUTER]["narrow_r2k"])
+    assert jb.config_for(ROUTER, 20, "narrow_r2k")[0] == cat.FALLBACK_VARIANT  # narrow cannot serve M=20
     assert jb.config_for(ROUTER, 3, "gone")[0] == cat.FALLBACK_VARIANT
 
 

@@ -72,6 +72,26 @@ def test_table_file_is_what_make_routing_writes(table):
     assert make_routing.dumps_table(json.loads(text)) == text
 
 
+def test_make_routing_merges_runs_of_one_version_point_by_point():
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmark"))
+    import make_routing
+
+    def row(m, producer, us):
+        return {"op": ROUTER, "shape": {"e": 256, "k": 7168, "out": "float32", "m": m}, "cache": "cold",
+                "pattern": "decode", "producer": producer, "us": us}
+
+    full = {"command": "full", "versions": {"flashinfer": "0.7.4"},
+            "rows": [row(1, "plain", {"default": 3.0, "torch": 9.0}), row(9, "plain", {"default": 5.0, "torch": 9.0})]}
+    narrow = {"command": "narrow", "versions": {"flashinfer": "0.7.4"},
+              "rows": [row(1, "plain", {"default": 2.0, "torch": 8.0}), row(2, "pdl", {"default": 2.5, "torch": 8.0})]}
+    other = {"command": "other", "versions": {"flashinfer": "0.7.2.post1"}, "rows": [row(1, "plain", {"default": 4.0})]}
+    merged = make_routing.merge_reports([full, narrow, other])
+    assert [m["versions"]["flashinfer"] for m in merged] == ["0.7.4", "0.7.2.post1"]
+    rows = {(r["shape"]["m"], r["producer"]): r["us"]["default"] for r in merged[0]["rows"]}
+    assert rows == {(1, "plain"): 2.0, (9, "plain"): 5.0, (2, "pdl"): 2.5}
+    assert merged[0]["command"] == "full ; then narrow" and full["rows"][0]["us"]["default"] == 3.0
+
+
 def test_info_json_carries_the_table():
     proc = subprocess.run([sys.executable, "-m", "slim_kernel", "info", "--json"], capture_output=True, text=True,
                           timeout=300)

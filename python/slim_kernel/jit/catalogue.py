@@ -285,13 +285,10 @@ VARIANTS: dict[str, dict[str, GemmConfig]] = {
     ROUTER: {
         "skinny": Skinny(rt=1, stages=8, warps=4, split=0),
         "skinny_c4": Skinny(rt=1, stages=8, warps=4, split=4),
-        "narrow_r1": Narrow(rows=1, cpt=2, threads=448, tokens=4),  # 2 CTAs/SM need <= 72 registers
-        "narrow_r2": Narrow(rows=2, cpt=2, threads=448, tokens=16),
-        "narrow_r3": Narrow(rows=3, cpt=2, threads=448, tokens=8),
-        "narrow_r1g": Narrow(rows=1, cpt=2, threads=448, tokens=4, plain=1),  # after a PDL-aware producer
-        "narrow_r1k": Narrow(rows=1, cpt=2, threads=448, tokens=4, exactk=7168),
-        "narrow_r1gk": Narrow(rows=1, cpt=2, threads=448, tokens=4, plain=1, exactk=7168),
-        "narrow_r2k": Narrow(rows=2, cpt=2, threads=448, tokens=16, exactk=7168),
+        # K = 7168 (DeepSeek-V3) also has a body compiled for it; other K run the generic one
+        "narrow_r1k": Narrow(rows=1, cpt=2, threads=448, tokens=4, exactk=7168),  # 2 CTAs/SM need <= 72 registers
+        "narrow_r1gk": Narrow(rows=1, cpt=2, threads=448, tokens=4, plain=1, exactk=7168),  # after a PDL-aware producer
+        "narrow_r2k": Narrow(rows=2, cpt=2, threads=448, tokens=8, exactk=7168),
         "ring_c8": Ring(tk=128, stages=8, warps=4, loaders=1, split=8),
     },
     FUSED_A: {

@@ -10,7 +10,8 @@
 //   SK_OUT_BF16 1: bf16 logits, 0: fp32 logits
 //   skinny: SK_NT (token tiles of 8), SK_RT (16-row weight tiles per CTA), SK_STAGES (cp.async ring depth)
 //   narrow: SK_ROWS (rows per CTA), SK_MT (max tokens), SK_CPT (16-byte chunks per thread per row),
-//           SK_THREADS (block size), SK_PLAIN (optional: plain loads)
+//           SK_THREADS (block size), SK_PLAIN (optional: plain loads), SK_EXACTK (optional: a second
+//           body compiled for K == SK_EXACTK, taken when the launch's K matches)
 //   ring:   SK_NT, SK_TK (k per stage), SK_STAGES, SK_CW (compute warps), SK_LW (weight-loader warps)
 #include "narrow_gemm.cuh"
 #include "ring_gemm.cuh"

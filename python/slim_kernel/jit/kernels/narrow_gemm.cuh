@@ -10,8 +10,10 @@
 //  * Tokens are read after the wait, in batches of up to 8 whose loads all issue before their fp32
 //    FMAs (CUDA cores; ROWS*M*K per CTA is small for few rows and tokens).
 //  * Loads go through ld.global.nc.L1::no_allocate, or (PLAIN) the coherent L1-allocating path.
-//    After a PDL-aware producer PLAIN is 0.05-0.3 us faster for one row per CTA at M 2-4; after a
-//    PDL-unaware one it is ~0.2 us slower (H200 runs 47-48, benchmark/results/h200/NOTES_kernels.md).
+//    After a PDL-aware producer PLAIN is 0.05-0.16 us faster for one row per CTA at M 2-4; after a
+//    PDL-unaware one it is 0.05-0.25 us slower (H200 runs 47-48, benchmark/results/h200/NOTES_kernels.md).
+//  * KC > 0: K is known at compile time (the caller checked K == KC), so the round loop and the
+//    chunk predicates fold away; 0.05-0.2 us faster at M 1-3 (run 51).
 //  * Reduction in a fixed order: every thread's ROWS*M partials go to shared memory (value-major,
 //    conflict-free), then warp w sums outputs w, w+WARPS, ...: each lane adds WARPS partials,
 //    then a butterfly over the lanes. Repeated runs are bit-identical.
