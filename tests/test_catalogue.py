@@ -63,6 +63,8 @@ def test_rules_parse_and_reject():
     assert cat.rule_for(rules, 9) == cat.Skinny(rt=1, stages=8)
     for bad, match in [("rt=0", "rt 1..8"), ("8:rt=1", "cover M up to"), ("foo=1", "keys of kernel=skinny"),
                        ("kernel=narrow,tokens=8", "serves M <= 8"), ("kernel=narrow,tokens=9", "tokens 4, 8 or 16"),
+                       ("kernel=narrow,exactk=7164", "exactk 0 or a positive multiple of 8"),
+                       ("kernel=narrow,plain=2", "plain 0 or 1"),
                        ("kernel=bogus", "kernel must be one of"), ("rt=x", "want an integer"), ("x:rt=1", "MAXM")]:
         with pytest.raises(ValueError, match=match):
             cat.parse_rules(bad, ROUTER)

@@ -102,8 +102,9 @@ class Narrow:
 
     def __post_init__(self):
         _check(1 <= self.rows <= 8 and 1 <= self.cpt <= 4 and self.threads % 32 == 0 and 32 <= self.threads <= 1024
-               and self.tokens in (4, 8, 16) and self.plain in (0, 1), self,
-               "need rows 1..8, cpt 1..4, threads a multiple of 32 in 32..1024, tokens 4, 8 or 16, plain 0 or 1")
+               and self.tokens in (4, 8, 16) and self.plain in (0, 1) and self.exactk >= 0 and self.exactk % VEC == 0,
+               self, "need rows 1..8, cpt 1..4, threads a multiple of 32 in 32..1024, tokens 4, 8 or 16, plain 0 or 1, "
+               f"exactk 0 or a positive multiple of {VEC}")
 
     def max_m(self) -> int:
         return self.tokens
