@@ -112,10 +112,10 @@ class Narrow:
     def instance(self, op: str, m: int, out_dtype: str) -> KernelInstance:
         if m > self.tokens:
             raise ValueError(f"this narrow kernel serves M <= {self.tokens}, got M={m}")
-        plain = {"SK_PLAIN": 1} if self.plain else {}  # absent when 0: the other instances keep their keys
-        plain |= {"SK_EXACTK": self.exactk} if self.exactk else {}
+        # the options only when set, so instances without them keep their keys (and cached cubins)
+        options = {k: v for k, v in (("SK_PLAIN", self.plain), ("SK_EXACTK", self.exactk)) if v}
         return _make(op, out_dtype, SK_FAMILY=1, SK_ROWS=self.rows, SK_MT=_mt(m), SK_CPT=self.cpt,
-                     SK_THREADS=self.threads, **plain)
+                     SK_THREADS=self.threads, **options)
 
     def geometry(self, n: int, k: int, sm_count: int) -> tuple[tuple, tuple, tuple | None]:
         return (_cdiv(n, self.rows), 1, 1), (self.threads, 1, 1), None
