@@ -105,10 +105,11 @@ def merge_reports(reports: list[dict]) -> list[dict]:
         base = merged[version]
         index = {_row_key(r): i for i, r in enumerate(base["rows"])}
         for row in rep["rows"]:
-            if _row_key(row) in index:
-                base["rows"][index[_row_key(row)]] = row
-            else:
+            at = index.get(_row_key(row))
+            if at is None:
                 base["rows"].append(row)
+            else:
+                base["rows"][at] = row
         base["command"] = f"{base['command']} ; then {rep['command']}"
     return list(merged.values())
 
