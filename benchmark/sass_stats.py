@@ -1,0 +1,136 @@
+"""Static per-instance kernel statistics, no GPU: registers, spills and SASS instruction counts.
+
+    python benchmark/sass_stats.py --op dsv3_router_gemm --variants narrow_r2k,ring_c8 --ms 1,5,8
+    python benchmark/sass_stats.py --op dsv3_router_gemm --variants narrow_r2k --ms 5 --extra path/to/tiny.so
+
+Each instance is compiled for sm_90a through the JIT cache (set SLIM_KERNEL_CACHE_DIR for a
+private one) and disassembled with ``cuobjdump -sass`` (pip ``nvidia-cuda-cuobjdump``). Columns:
+registers and spill bytes from ptxas (for ``--extra``: local-memory bytes), the SASS instruction count and the counts of the classes
+that separate designs on this hardware (FFMA, integer/logic, loads, shuffles, branches). The
+instruction count is static: loops count once, so compare straight-line bodies, or bodies with the
+same loop structure. ``--extra`` adds every kernel of a compiled binary (a cubin, or an
+anchor's .so: sglang's JIT modules) with the same columns, for side-by-side reading; SASS numbers
+are a hypothesis generator, the decode-step benchmark decides.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "python"))
+
+from slim_kernel.audit.demangle import demangle_all  # noqa: E402
+from slim_kernel.jit import cache  # noqa: E402
+from slim_kernel.jit import catalogue as cat  # noqa: E402
+
+_INSN = re.compile(r"^\s*/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z0-9_]+)[.\s;]")
+_FUNC = re.compile(r"Function\s*:\s*(\S+)")
+_RES = re.compile(r"Function (\S+):\s*REG:(\d+) .*?LOCAL:(\d+)", re.S)
+CLASSES = {"ffma": ("FFMA",), "int": ("IMAD", "IADD3", "LOP3", "SHF", "LEA", "ISETP", "SEL", "MOV", "VIADD", "PRMT"),
+           "loads": ("LDG", "LDS", "LDSM", "LDGSTS"), "shfl": ("SHFL",), "branch": ("BRA", "BSSY", "BSYNC")}
+
+
+def cuobjdump() -> str:
+    """The cuobjdump binary: on PATH, else the one the ``nvidia-cuda-cuobjdump`` wheel ships."""
+    found = shutil.which("cuobjdump")
+    if found:
+        return found
+    try:
+        import nvidia
+    except ImportError:
+        nvidia = None
+    for root in getattr(nvidia, "__path__", []):
+        for sub in ("cu13", "cuda_cuobjdump"):
+            path = os.path.join(root, sub, "bin", "cuobjdump")
+            if os.path.exists(path):
+                return path
+    raise SystemExit("cuobjdump not found: pip install nvidia-cuda-cuobjdump")
+
+
+def sass_functions(binary: str) -> dict[str, collections.Counter]:
+    """function name -> Counter of SASS opcodes (predicates and modifiers stripped)."""
+    text = subprocess.run([cuobjdump(), "-sass", binary], capture_output=True, text=True, check=True).stdout
+    out: dict[str, collections.Counter] = {}
+    current = None
+    for line in text.splitlines():
+        f = _FUNC.search(line)
+        if f:
+            current = out.setdefault(f.group(1), collections.Counter())
+            continue
+        m = _INSN.match(line)
+        if m and current is not None:
+            current[m.group(1)] += 1
+    return out
+
+
+def register_usage(binary: str) -> dict[str, tuple[int, int]]:
+    """function name -> (registers, local-memory bytes) from ``cuobjdump -res-usage``."""
+    text = subprocess.run([cuobjdump(), "-res-usage", binary], capture_output=True, text=True, check=True).stdout
+    return {name: (int(regs), int(local)) for name, regs, local in _RES.findall(text)}
+
+
+def row(name: str, regs, spills, ops: collections.Counter) -> list:
+    total = sum(v for k, v in ops.items() if k != "NOP")
+    return [name, regs, spills, total] + [sum(ops[o] for o in group) for group in CLASSES.values()]
+
+
+def instance_rows(op: str, variants: list[str], ms: list[int], out_dtype: str, compiler: str) -> list[list]:
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in variants:
+            cfg = cat.VARIANTS[op].get(name) or cat.parse_config(name)
+            for m in ms:
+                if not cat.variant_serves(cfg, op, m):
+                    continue
+                entry = cache.get_entry(cfg.instance(op, m, out_dtype), "9.0a", compiler)
+                path = os.path.join(tmp, "k.cubin")
+                with open(path, "wb") as f:
+                    f.write(entry.cubin)
+                ops = next(iter(sass_functions(path).values()))
+                usage = entry.usage
+                rows.append(row(f"{name} M={m}", usage.registers if usage else "?",
+                                usage.spill_bytes if usage else "?", ops))
+    return rows
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--op", default=cat.ROUTER, choices=list(cat.VARIANTS))
+    ap.add_argument("--variants", default="", help="comma-separated VARIANTS names or kernel=... configs")
+    ap.add_argument("--ms", default="1,5,8", help="comma-separated M values")
+    ap.add_argument("--out-dtype", default=None, help="default: the op's first output dtype")
+    ap.add_argument("--compiler", default="nvcc", choices=("nvcc", "nvrtc"))
+    ap.add_argument("--extra", action="append", default=[], help="a cubin or .so whose kernels are listed too")
+    args = ap.parse_args(argv)
+    variants = [v for v in args.variants.split(",") if v]
+    try:
+        ms = [int(m) for m in args.ms.split(",") if m]
+    except ValueError:
+        ap.error(f"--ms: want comma-separated integers, got {args.ms!r}")
+    out_dtype = args.out_dtype or cat.OUT_DTYPES[args.op][0]
+    if out_dtype not in cat.OUT_DTYPES[args.op]:
+        ap.error(f"--out-dtype: {args.op} has {', '.join(cat.OUT_DTYPES[args.op])}")
+    rows = instance_rows(args.op, variants, ms, out_dtype, args.compiler)
+    for binary in args.extra:
+        functions = sass_functions(binary)
+        usage = register_usage(binary)
+        names = demangle_all(functions)
+        for name, ops in sorted(functions.items(), key=lambda kv: names[kv[0]]):
+            regs, local = usage.get(name, ("?", "?"))
+            rows.append(row(names[name][:100], regs, local, ops))
+    header = ["instance", "regs", "spill B", "SASS"] + list(CLASSES)
+    widths = [max(len(str(r[i])) for r in rows + [header]) for i in range(len(header))]
+    for r in [header] + rows:
+        print("  ".join(str(v).rjust(w) if i else str(v).ljust(w) for i, (v, w) in enumerate(zip(r, widths))))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
