@@ -4,7 +4,8 @@
     python benchmark/sass_stats.py --op dsv3_router_gemm --variants narrow_r2k --ms 5 --extra path/to/tiny.so
 
 Each instance is compiled for sm_90a through the JIT cache (set SLIM_KERNEL_CACHE_DIR for a
-private one) and disassembled with ``cuobjdump -sass`` (pip ``nvidia-cuda-cuobjdump``). Columns:
+private one) and disassembled with ``cuobjdump -sass`` (pip ``nvidia-cuda-cuobjdump`` and ``nvidia-cuda-nvdisasm``,
+both in the ``test`` extra). Columns:
 registers and spill bytes from ptxas (for ``--extra``: local-memory bytes), the SASS instruction count and the counts of the classes
 that separate designs on this hardware (FFMA, integer/logic, loads, shuffles, branches). The
 instruction count is static: loops count once, so compare straight-line bodies, or bodies with the
@@ -56,7 +57,10 @@ def cuobjdump() -> str:
 
 def sass_functions(binary: str) -> dict[str, collections.Counter]:
     """function name -> Counter of SASS opcodes (predicates and modifiers stripped)."""
-    text = subprocess.run([cuobjdump(), "-sass", binary], capture_output=True, text=True, check=True).stdout
+    proc = subprocess.run([cuobjdump(), "-sass", binary], capture_output=True, text=True)
+    if proc.returncode:  # e.g. no nvdisasm next to it (pip nvidia-cuda-nvdisasm), which -sass runs
+        raise SystemExit(f"cuobjdump -sass {binary} failed: {proc.stderr.strip()[-300:]}")
+    text = proc.stdout
     out: dict[str, collections.Counter] = {}
     current = None
     for line in text.splitlines():
