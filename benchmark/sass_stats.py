@@ -20,12 +20,13 @@ import argparse
 import collections
 import os
 import re
-import shutil
 import subprocess
 import sys
 import tempfile
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "python"))
+
+from bench_audit import find_cuobjdump  # noqa: E402 (on PATH, else the nvidia-cuda-cuobjdump wheel's)
 
 from slim_kernel.audit.demangle import demangle_all  # noqa: E402
 from slim_kernel.jit import cache  # noqa: E402
@@ -39,20 +40,10 @@ CLASSES = {"ffma": ("FFMA",), "int": ("IMAD", "IADD3", "LOP3", "SHF", "LEA", "IS
 
 
 def cuobjdump() -> str:
-    """The cuobjdump binary: on PATH, else the one the ``nvidia-cuda-cuobjdump`` wheel ships."""
-    found = shutil.which("cuobjdump")
-    if found:
-        return found
-    try:
-        import nvidia
-    except ImportError:
-        nvidia = None
-    for root in getattr(nvidia, "__path__", []):
-        for sub in ("cu13", "cuda_cuobjdump"):
-            path = os.path.join(root, sub, "bin", "cuobjdump")
-            if os.path.exists(path):
-                return path
-    raise SystemExit("cuobjdump not found: pip install nvidia-cuda-cuobjdump")
+    found = find_cuobjdump()
+    if found is None:
+        raise SystemExit("cuobjdump not found: pip install nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm")
+    return found
 
 
 def sass_functions(binary: str) -> dict[str, collections.Counter]:
