@@ -62,9 +62,10 @@ def test_rules_parse_and_reject():
     assert rules[0] == (8, cat.Narrow(rows=3)) and rules[1] == (64, cat.Skinny(rt=1, stages=8))
     assert cat.rule_for(rules, 9) == cat.Skinny(rt=1, stages=8)
     for bad, match in [("rt=0", "rt 1..8"), ("8:rt=1", "cover M up to"), ("foo=1", "keys of kernel=skinny"),
-                       ("kernel=narrow,tokens=8", "serves M <= 8"), ("kernel=narrow,tokens=9", "tokens 4, 8 or 16"),
+                       ("kernel=narrow,tokens=8", "serves M <= 8"), ("kernel=narrow,tokens=9", "tokens 1..8 or 16"),
                        ("kernel=narrow,exactk=7164", "exactk 0 or a positive multiple of 8"),
-                       ("kernel=narrow,plain=2", "plain 0 or 1"),
+                       ("kernel=narrow,plain=2", "plain and late 0 or 1"),
+                       ("kernel=narrow,late=2", "plain and late 0 or 1"), ("kernel=narrow,regs=8", "regs 0 or 24..255"),
                        ("kernel=bogus", "kernel must be one of"), ("rt=x", "want an integer"), ("x:rt=1", "MAXM")]:
         with pytest.raises(ValueError, match=match):
             cat.parse_rules(bad, ROUTER)

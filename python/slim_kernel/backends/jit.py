@@ -83,7 +83,7 @@ def _prepare(op: str, output: torch.Tensor, act: torch.Tensor, n: int, ldw: int,
     dev = act.device.index
     _, cfg = config_for(op, m, variant)
     out_dtype = str(output.dtype).removeprefix("torch.")
-    kernel = get_kernel(cfg.instance(op, m, out_dtype), dev)
+    kernel = get_kernel(cfg.instance(op, m, out_dtype, (n, k)), dev)
     grid, block, cluster = cfg.geometry(n, k, _sm_count(dev))
     smem = cfg.smem(m)
     if smem > cat.MAX_SMEM:

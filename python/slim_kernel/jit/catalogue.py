@@ -15,8 +15,8 @@ in ``kernels/`` (design notes there):
 (A tensor-map/mbarrier design for fused-A lost on the H200 by 1.5-4 us at every M and was
 removed; benchmark/results/h200/NOTES_kernels.md has its numbers and profile.)
 
-A family config is a frozen dataclass with ``instance(op, m, out_dtype)``, ``geometry(n, k,
-sm_count)`` and ``smem(m)`` (mirrors of the ``*_smem_bytes`` formulas in the ``.cuh`` files; the
+A family config is a frozen dataclass with ``instance(op, m, out_dtype, shape=None)`` (``shape`` =
+the call's (N, K); None = the tuned shape), ``geometry(n, k, sm_count)`` and ``smem(m)`` (mirrors of the ``*_smem_bytes`` formulas in the ``.cuh`` files; the
 kernels trap when launched with less). Tile rules (``"8:kernel=narrow,rows=2;16:rt=1,stages=8"``)
 map M ranges to configs; the measured routing table (``slim_kernel/routing.py``) names a
 configuration from :data:`VARIANTS` per shape and M.
@@ -75,7 +75,7 @@ class Skinny:
         """``stages``, or fewer where the ring of M's token tiles would not fit in shared memory."""
         return _stages_that_fit(self.stages, 0, self.warps * (2 * self.rt + token_tiles(m)) * 512)
 
-    def instance(self, op: str, m: int, out_dtype: str) -> KernelInstance:
+    def instance(self, op: str, m: int, out_dtype: str, shape: tuple[int, int] | None = None) -> KernelInstance:
         return _make(op, out_dtype, SK_FAMILY=0, SK_NT=token_tiles(m), SK_RT=self.rt, SK_STAGES=self.stages_for(m))
 
     def geometry(self, n: int, k: int, sm_count: int) -> tuple[tuple, tuple, tuple | None]:
@@ -96,26 +96,39 @@ class Narrow:
     rows: int = 2  # output rows per CTA (compile-time)
     cpt: int = 2  # 16-byte chunks per thread per row and round (compile-time)
     threads: int = 448  # block size (compile-time: K = 7168 is one round of 448 x 2 chunks)
-    tokens: int = 16  # the largest M served: 4, 8 or 16 (more rows x tokens spill at 448 threads)
+    tokens: int = 16  # the largest M served: 1..8 or 16 (more rows x tokens spill at 448 threads)
     plain: int = 0  # 1: plain loads instead of ld.global.nc.L1::no_allocate (compile-time; narrow_gemm.cuh)
-    exactk: int = 0  # also a body compiled for K == exactk (compile-time; 0: none)
+    late: int = 0  # 1: the PDL trigger after the FMAs instead of at entry (compile-time)
+    regs: int = 0  # a register cap (compile-time; 0: none): <= 72 fits a CTA beside flashinfer's RMSNorm CTA
+    exactk: int = 0  # K of the straight-line instances (exact_for; compile-time; 0: none)
 
     def __post_init__(self):
         _check(1 <= self.rows <= 8 and 1 <= self.cpt <= 4 and self.threads % 32 == 0 and 32 <= self.threads <= 1024
-               and self.tokens in (4, 8, 16) and self.plain in (0, 1) and self.exactk >= 0 and self.exactk % VEC == 0,
-               self, "need rows 1..8, cpt 1..4, threads a multiple of 32 in 32..1024, tokens 4, 8 or 16, plain 0 or 1, "
-               f"exactk 0 or a positive multiple of {VEC}")
+               and (1 <= self.tokens <= 8 or self.tokens == 16) and self.plain in (0, 1) and self.late in (0, 1)
+               and (self.regs == 0 or 24 <= self.regs <= 255)
+               and self.exactk >= 0 and self.exactk % VEC == 0, self,
+               "need rows 1..8, cpt 1..4, threads a multiple of 32 in 32..1024, tokens 1..8 or 16, plain and late 0 "
+               f"or 1, regs 0 or 24..255, exactk 0 or a positive multiple of {VEC}")
 
     def max_m(self) -> int:
         return self.tokens
 
-    def instance(self, op: str, m: int, out_dtype: str) -> KernelInstance:
+    def instance(self, op: str, m: int, out_dtype: str, shape: tuple[int, int] | None = None) -> KernelInstance:
         if m > self.tokens:
             raise ValueError(f"this narrow kernel serves M <= {self.tokens}, got M={m}")
         # the options only when set, so instances without them keep their keys (and cached cubins)
-        options = {k: v for k, v in (("SK_PLAIN", self.plain), ("SK_EXACTK", self.exactk)) if v}
+        options = {k: v for k, v in (("SK_PLAIN", self.plain), ("SK_LATE", self.late), ("SK_MAXNREG", self.regs)) if v}
+        if self.exact_for(m, shape):
+            options["SK_EXACTK"] = self.exactk
         return _make(op, out_dtype, SK_FAMILY=1, SK_ROWS=self.rows, SK_MT=_mt(m), SK_CPT=self.cpt,
                      SK_THREADS=self.threads, **options)
+
+    def exact_for(self, m: int, shape: tuple[int, int] | None) -> bool:
+        """Whether (M, (N, K)) gets the straight-line instance (``shape`` None: the tuned shape, K = exactk):
+        K == exactk, M == the instance's token count, N a multiple of rows. Its registers are the exact body's
+        alone (a generic body beside it would set them: 84 against 72 at M=5), so it is its own instance."""
+        return bool(self.exactk) and _mt(m) == m and (
+            shape is None or (shape[1] == self.exactk and shape[0] % self.rows == 0))
 
     def geometry(self, n: int, k: int, sm_count: int) -> tuple[tuple, tuple, tuple | None]:
         return (_cdiv(n, self.rows), 1, 1), (self.threads, 1, 1), None
@@ -153,7 +166,7 @@ class Ring:
     def stages_for(self, m: int) -> int:
         return _stages_that_fit(self.stages, self._fixed(self.stages, m), self._stage(m))
 
-    def instance(self, op: str, m: int, out_dtype: str) -> KernelInstance:
+    def instance(self, op: str, m: int, out_dtype: str, shape: tuple[int, int] | None = None) -> KernelInstance:
         return _make(op, out_dtype, SK_FAMILY=2, SK_NT=token_tiles(m), SK_TK=self.tk, SK_STAGES=self.stages_for(m),
                      SK_CW=self.warps, SK_LW=self.loaders)
 
@@ -190,7 +203,7 @@ class Stream:
     def stages_for(self, m: int) -> int:
         return _stages_that_fit(self.stages, self._fixed(m), self._stage(m))
 
-    def instance(self, op: str, m: int, out_dtype: str) -> KernelInstance:
+    def instance(self, op: str, m: int, out_dtype: str, shape: tuple[int, int] | None = None) -> KernelInstance:
         return _make(op, out_dtype, SK_FAMILY=3, SK_NT=token_tiles(m), SK_STAGES=self.stages_for(m))
 
     def geometry(self, n: int, k: int, sm_count: int) -> tuple[tuple, tuple, tuple | None]:
@@ -290,6 +303,11 @@ VARIANTS: dict[str, dict[str, GemmConfig]] = {
         "narrow_r1k": Narrow(rows=1, cpt=2, threads=448, tokens=4, exactk=7168),  # 2 CTAs/SM need <= 72 registers
         "narrow_r1gk": Narrow(rows=1, cpt=2, threads=448, tokens=4, plain=1, exactk=7168),  # after a PDL-aware producer
         "narrow_r2k": Narrow(rows=2, cpt=2, threads=448, tokens=8, exactk=7168),
+        "narrow_r2kl": Narrow(rows=2, cpt=2, threads=448, tokens=8, late=1, exactk=7168),
+        # <= 72 registers (a CTA fits beside flashinfer's RMSNorm CTA), spill-free up to these M
+        "narrow_r2kc": Narrow(rows=2, cpt=2, threads=448, tokens=7, regs=72, exactk=7168),
+        "narrow_r2klc": Narrow(rows=2, cpt=2, threads=448, tokens=6, late=1, regs=72, exactk=7168),
+        "narrow_r3klc": Narrow(rows=3, cpt=2, threads=448, tokens=6, late=1, regs=72, exactk=7168),
         "ring_c8": Ring(tk=128, stages=8, warps=4, loaders=1, split=8),
     },
     FUSED_A: {

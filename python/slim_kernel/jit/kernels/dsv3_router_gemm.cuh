@@ -10,18 +10,22 @@
 //   SK_OUT_BF16 1: bf16 logits, 0: fp32 logits
 //   skinny: SK_NT (token tiles of 8), SK_RT (16-row weight tiles per CTA), SK_STAGES (cp.async ring depth)
 //   narrow: SK_ROWS (rows per CTA), SK_MT (max tokens), SK_CPT (16-byte chunks per thread per row),
-//           SK_THREADS (block size), SK_PLAIN (optional: plain loads), SK_EXACTK (optional: a second
-//           body compiled for K == SK_EXACTK, taken when the launch's K matches)
+//           SK_THREADS (block size), SK_PLAIN (optional: plain loads), SK_LATE (optional: the PDL
+//           trigger after the FMAs), SK_MAXNREG (optional: a register cap), SK_EXACTK (optional: the straight-line body for K == SK_EXACTK,
+//           M == SK_MT and E % SK_ROWS == 0 only)
 //   ring:   SK_NT, SK_TK (k per stage), SK_STAGES, SK_CW (compute warps), SK_LW (weight-loader warps)
 #include "narrow_gemm.cuh"
 #include "ring_gemm.cuh"
 #include "skinny_gemm.cuh"
 
 #ifndef SK_EXACTK
-#define SK_EXACTK 0  // narrow: also a body compiled for K == SK_EXACTK
+#define SK_EXACTK 0  // narrow: the body compiled for K == SK_EXACTK (and M == SK_MT, E % SK_ROWS == 0)
 #endif
 #ifndef SK_PLAIN
 #define SK_PLAIN 0  // narrow: 1 = plain (coherent, L1-allocating) loads instead of ld.global.nc
+#endif
+#ifndef SK_LATE
+#define SK_LATE 0  // narrow: 1 = the PDL trigger after the FMAs instead of at entry
 #endif
 
 // The block bound: 10 warps, the most a skinny configuration launches (catalogue.Skinny: warps
@@ -35,7 +39,13 @@
 #define SK_BLOCK_BOUND (32 * (SK_CW + SK_LW + 1))
 #endif
 
-extern "C" __global__ void __launch_bounds__(SK_BLOCK_BOUND, 1)
+#ifdef SK_MAXNREG
+#define SK_BOUNDS __maxnreg__(SK_MAXNREG)  // narrow: a register cap (ptxas refuses it with __launch_bounds__)
+#else
+#define SK_BOUNDS __launch_bounds__(SK_BLOCK_BOUND, 1)
+#endif
+
+extern "C" __global__ void SK_BOUNDS
 dsv3_router_gemm_kernel(const __nv_bfloat16* __restrict__ hidden_states, const __nv_bfloat16* __restrict__ router_weights,
                         void* __restrict__ out, int M, int E, int K, int ld_hidden, int ld_weight, int ld_out) {
 #if SK_FAMILY == 0
@@ -43,14 +53,14 @@ dsv3_router_gemm_kernel(const __nv_bfloat16* __restrict__ hidden_states, const _
                                                                 ld_weight, ld_out);
 #elif SK_FAMILY == 1
 #if SK_EXACTK
-    if (K == SK_EXACTK) {  // uniform: a body compiled for this K (no K loop, no chunk predicates)
-        slim::narrow_gemm<SK_ROWS, SK_MT, SK_CPT, SK_THREADS, SK_PLAIN != 0, SK_OUT_BF16 != 0, SK_EXACTK>(
-            hidden_states, router_weights, out, M, E, K, ld_hidden, ld_weight, ld_out);
-        return;
-    }
+    // The straight-line instance (catalogue Narrow.exact_for picks it only for this shape); uniform check.
+    if (K != SK_EXACTK || M != SK_MT || E % SK_ROWS != 0) asm volatile("trap;");
+    slim::narrow_gemm<SK_ROWS, SK_MT, SK_CPT, SK_THREADS, SK_PLAIN != 0, SK_LATE != 0, SK_OUT_BF16 != 0, SK_EXACTK>(
+        hidden_states, router_weights, out, M, E, K, ld_hidden, ld_weight, ld_out);
+#else
+    slim::narrow_gemm<SK_ROWS, SK_MT, SK_CPT, SK_THREADS, SK_PLAIN != 0, SK_LATE != 0, SK_OUT_BF16 != 0>(
+        hidden_states, router_weights, out, M, E, K, ld_hidden, ld_weight, ld_out);
 #endif
-    slim::narrow_gemm<SK_ROWS, SK_MT, SK_CPT, SK_THREADS, SK_PLAIN != 0, SK_OUT_BF16 != 0>(hidden_states, router_weights, out, M, E, K,
-                                                                           ld_hidden, ld_weight, ld_out);
 #else
     slim::ring_gemm<SK_NT, SK_TK, SK_STAGES, SK_CW, SK_LW, SK_OUT_BF16 != 0>(hidden_states, router_weights, out,
                                                                                        M, E, K, ld_hidden, ld_weight, ld_out);

@@ -12,8 +12,12 @@
 //  * Loads go through ld.global.nc.L1::no_allocate, or (PLAIN) the coherent L1-allocating path.
 //    After a PDL-aware producer PLAIN is 0.05-0.16 us faster for one row per CTA at M 2-4; after a
 //    PDL-unaware one it is 0.05-0.25 us slower (H200 runs 47-48, benchmark/results/h200/NOTES_kernels.md).
-//  * KC > 0: K is known at compile time (the caller checked K == KC), so the round loop and the
-//    chunk predicates fold away; 0.05-0.2 us faster at M 1-3 (run 51).
+//  * EXACT > 0: the caller checked K == EXACT, M == MT and N % ROWS == 0 (its own instance), so the round loop, the
+//    chunk, row and token predicates and the per-token branches fold away (a straight-line body,
+//    as sglang's tiny_gemm is by being compiled per K, N and M). K alone: 0.05-0.2 us faster at
+//    M 1-3 (run 51).
+//  * LATE: the PDL trigger after the FMAs instead of at entry (the next kernel's CTAs do not
+//    take SMs while this one still needs them; helps at M >= 5 after a PDL-aware producer, run 43).
 //  * Reduction in a fixed order: every thread's ROWS*M partials go to shared memory (value-major,
 //    conflict-free), then warp w sums outputs w, w+WARPS, ...: each lane adds WARPS partials,
 //    then a butterfly over the lanes. Repeated runs are bit-identical.
@@ -45,7 +49,7 @@ __device__ __forceinline__ void narrow_load(const __nv_bfloat16* p, unsigned (&v
     }
 }
 
-template <int ROWS, int MT, int CPT, int THREADS, bool PLAIN, bool OUT_BF16, int KC = 0>
+template <int ROWS, int MT, int CPT, int THREADS, bool PLAIN, bool LATE, bool OUT_BF16, int EXACT = 0>
 __device__ __forceinline__ void narrow_gemm(const __nv_bfloat16* __restrict__ act, const __nv_bfloat16* __restrict__ w,
                                             void* __restrict__ out, int M, int N, int K, int lda, int ldw, int ldo) {
     static_assert(ROWS >= 1 && ROWS <= 8 && MT >= 1 && MT <= 16 && CPT >= 1 && THREADS % 32 == 0, "bad narrow config");
@@ -53,13 +57,16 @@ __device__ __forceinline__ void narrow_gemm(const __nv_bfloat16* __restrict__ ac
     constexpr int TB = MT <= 8 ? MT : 4;  // tokens per load batch (16 tokens in 4: no spills at 448 threads)
     extern __shared__ __align__(16) float red[];  // [ROWS * MT][THREADS]
 
-    pdl_launch_dependents();
+    if (!LATE) pdl_launch_dependents();
     require_smem((unsigned)narrow_smem_bytes(ROWS, MT, THREADS));
 
     const int tid = threadIdx.x;
     const int row0 = blockIdx.x * ROWS;
-    const int nchunk = KC ? KC >> 3 : K >> 3;  // KC: K known at compile time (the caller checked K == KC)
-    const int m_used = M < MT ? M : MT;
+    const int nchunk = EXACT ? EXACT >> 3 : K >> 3;
+    const int m_used = EXACT ? MT : M < MT ? M : MT;
+    // Exact: every thread's chunks lie inside K when the rounds tile it (tid < THREADS by the launch contract).
+    constexpr bool all_chunks = EXACT && (EXACT >> 3) % (THREADS * CPT) == 0;
+    constexpr bool rows_full = EXACT != 0;
 
     float acc[ROWS][MT];
 #pragma unroll
@@ -74,7 +81,7 @@ __device__ __forceinline__ void narrow_gemm(const __nv_bfloat16* __restrict__ ac
 #pragma unroll
             for (int j = 0; j < CPT; ++j) {
                 const int c = c0 + j * THREADS + tid;
-                if (c < nchunk && row0 + r < N) {
+                if ((all_chunks || c < nchunk) && (rows_full || row0 + r < N)) {
                     narrow_load<PLAIN>(w + (long long)(row0 + r) * ldw + 8 * c, wv[r][j]);
                 } else {
                     wv[r][j][0] = wv[r][j][1] = wv[r][j][2] = wv[r][j][3] = 0u;
@@ -92,7 +99,7 @@ __device__ __forceinline__ void narrow_gemm(const __nv_bfloat16* __restrict__ ac
 #pragma unroll
                 for (int j = 0; j < CPT; ++j) {
                     const int c = c0 + j * THREADS + tid;
-                    if (m0 + i < m_used && c < nchunk) {
+                    if (m0 + i < m_used && (all_chunks || c < nchunk)) {
                         narrow_load<PLAIN>(act + (long long)(m0 + i) * lda + 8 * c, xv[i][j]);
                     } else {
                         xv[i][j][0] = xv[i][j][1] = xv[i][j][2] = xv[i][j][3] = 0u;
@@ -116,6 +123,7 @@ __device__ __forceinline__ void narrow_gemm(const __nv_bfloat16* __restrict__ ac
             }
         }
     }
+    if (LATE) pdl_launch_dependents();
 
 #pragma unroll
     for (int r = 0; r < ROWS; ++r)
@@ -126,6 +134,7 @@ __device__ __forceinline__ void narrow_gemm(const __nv_bfloat16* __restrict__ ac
 
     const int lane = tid & 31;
     const int outs = ROWS * m_used;
+    constexpr bool one_pass = ROWS * MT <= WARPS;  // a warp sums at most one output: no loop
     for (int v = tid >> 5; v < outs; v += WARPS) {
         const int r = v / m_used, m = v - r * m_used;
         const float* col = red + (r * MT + m) * THREADS;
@@ -134,7 +143,8 @@ __device__ __forceinline__ void narrow_gemm(const __nv_bfloat16* __restrict__ ac
         for (int i = 0; i < WARPS; ++i) s += col[i * 32 + lane];
 #pragma unroll
         for (int d = 16; d >= 1; d >>= 1) s += __shfl_xor_sync(0xffffffffu, s, d);
-        if (lane == 0 && row0 + r < N) store_out<OUT_BF16>(out, (long long)m * ldo + row0 + r, s);
+        if (lane == 0 && (rows_full || row0 + r < N)) store_out<OUT_BF16>(out, (long long)m * ldo + row0 + r, s);
+        if (one_pass) break;
     }
 }
 
