@@ -47,6 +47,21 @@ def test_instances_are_unique_and_bucketed():
     assert {op for op, i in pairs if dict(i.defines)["SK_FAMILY"] == 3} == {FUSED_A}
 
 
+def test_narrow_straight_line_instance_only_for_its_shape():
+    exact = cat.Narrow(rows=2, tokens=16, exactk=7168)
+
+    def has_exact(m, shape):
+        return "SK_EXACTK" in dict(exact.instance(ROUTER, m, "float32", shape).defines)
+
+    # K == exactk, M == the instance's token count, E a multiple of rows; None = the tuned shape
+    assert [has_exact(m, None) for m in (1, 5, 8, 9, 16)] == [True, True, True, False, True]
+    assert has_exact(5, (256, 7168)) and has_exact(5, (384, 7168))
+    assert not has_exact(5, (256, 4096)) and not has_exact(5, (255, 7168)) and not has_exact(12, (256, 7168))
+    generic = exact.instance(ROUTER, 5, "float32", (256, 4096))
+    assert generic == cat.Narrow(rows=2, tokens=16).instance(ROUTER, 5, "float32")  # the plain generic instance
+    assert not cat.Narrow(rows=2).exact_for(5, None)
+
+
 def test_geometry():
     assert cat.Skinny(rt=4, warps=4).geometry(2112, 7168, 132)[0] == (33, 4, 1)
     assert cat.Skinny(rt=1, warps=4).geometry(256, 7168, 132) == ((16, 8, 1), (128, 1, 1), (1, 8, 1))

@@ -54,7 +54,7 @@ dsv3_router_gemm_kernel(const __nv_bfloat16* __restrict__ hidden_states, const _
 #elif SK_FAMILY == 1
 #if SK_EXACTK
     // The straight-line instance (catalogue Narrow.exact_for picks it only for this shape); uniform check.
-    if (K != SK_EXACTK || M != SK_MT || E % SK_ROWS != 0) asm volatile("trap;");
+    if (K != SK_EXACTK || M != SK_MT || E % SK_ROWS != 0 || blockDim.x != SK_THREADS) asm volatile("trap;");
     slim::narrow_gemm<SK_ROWS, SK_MT, SK_CPT, SK_THREADS, SK_PLAIN != 0, SK_LATE != 0, SK_OUT_BF16 != 0, SK_EXACTK>(
         hidden_states, router_weights, out, M, E, K, ld_hidden, ld_weight, ld_out);
 #else
