@@ -11,8 +11,8 @@
 //   skinny: SK_NT (token tiles of 8), SK_RT (16-row weight tiles per CTA), SK_STAGES (cp.async ring depth)
 //   narrow: SK_ROWS (rows per CTA), SK_MT (max tokens), SK_CPT (16-byte chunks per thread per row),
 //           SK_THREADS (block size), SK_PLAIN (optional: plain loads), SK_LATE (optional: the PDL
-//           trigger after the FMAs), SK_MAXNREG (optional: a register cap), SK_EXACTK (optional: the straight-line body for K == SK_EXACTK,
-//           M == SK_MT and E % SK_ROWS == 0 only)
+//           trigger after the FMAs), SK_MAXNREG (optional: a register cap), SK_EXACTK (optional:
+//           the straight-line body for K == SK_EXACTK, M == SK_MT and E % SK_ROWS == 0 only)
 //   ring:   SK_NT, SK_TK (k per stage), SK_STAGES, SK_CW (compute warps), SK_LW (weight-loader warps)
 #include "narrow_gemm.cuh"
 #include "ring_gemm.cuh"
