@@ -1,7 +1,7 @@
 """Static per-instance kernel statistics, no GPU: registers, spills and SASS instruction counts.
 
-    python benchmark/sass_stats.py --op dsv3_router_gemm --variants narrow_r2k,ring_c8 --ms 1,5,8
-    python benchmark/sass_stats.py --op dsv3_router_gemm --variants narrow_r2k --ms 5 --extra path/to/tiny.so
+    python benchmark/sass_stats.py --op dsv3_router_gemm --variants narrow_r2kc,ring_c8 --ms 1,5,8
+    python benchmark/sass_stats.py --op dsv3_router_gemm --variants narrow_r2kc --ms 5 --extra path/to/tiny.so
 
 Each instance is compiled for sm_90a through the JIT cache (set SLIM_KERNEL_CACHE_DIR for a
 private one) and disassembled with ``cuobjdump -sass`` (pip ``nvidia-cuda-cuobjdump`` and ``nvidia-cuda-nvdisasm``,
@@ -98,13 +98,14 @@ def instance_rows(op: str, variants: list[str], ms: list[int], out_dtype: str, c
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--op", default=cat.ROUTER, choices=list(cat.VARIANTS))
-    ap.add_argument("--variants", default="", help="comma-separated VARIANTS names or kernel=... configs")
+    ap.add_argument("--variants", action="append", default=[],
+                    help="comma-separated VARIANTS names, or one kernel=... config (repeatable)")
     ap.add_argument("--ms", default="1,5,8", help="comma-separated M values")
     ap.add_argument("--out-dtype", default=None, help="default: the op's first output dtype")
     ap.add_argument("--compiler", default="nvcc", choices=("nvcc", "nvrtc"))
     ap.add_argument("--extra", action="append", default=[], help="a cubin or .so whose kernels are listed too")
     args = ap.parse_args(argv)
-    variants = [v for v in args.variants.split(",") if v]
+    variants = [v for arg in args.variants for v in ([arg] if arg.startswith("kernel=") else arg.split(",")) if v]
     try:
         ms = [int(m) for m in args.ms.split(",") if m]
     except ValueError:

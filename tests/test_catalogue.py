@@ -96,8 +96,8 @@ def test_env_rules_are_checked_when_a_call_is_planned(monkeypatch):
     assert jb.config_for(ROUTER, 3, "skinny") == ("rules", cat.Narrow(rows=1))
     jb._RULES.pop(ROUTER, None)
     monkeypatch.delenv(jb.env_var(ROUTER))
-    assert jb.config_for(ROUTER, 3, "narrow_r2k") == ("narrow_r2k", cat.VARIANTS[ROUTER]["narrow_r2k"])
-    assert jb.config_for(ROUTER, 20, "narrow_r2k")[0] == cat.FALLBACK_VARIANT  # narrow cannot serve M=20
+    assert jb.config_for(ROUTER, 3, "narrow_r2kc") == ("narrow_r2kc", cat.VARIANTS[ROUTER]["narrow_r2kc"])
+    assert jb.config_for(ROUTER, 20, "narrow_r2kc")[0] == cat.FALLBACK_VARIANT  # narrow cannot serve M=20
     assert jb.config_for(ROUTER, 3, "gone")[0] == cat.FALLBACK_VARIANT
 
 

@@ -18,10 +18,10 @@ def test_counts_follow_the_instance(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv(cache.ENV_CACHE_DIR, str(tmp_path))
     cache.clear_memory()
     try:
-        rows = sass_stats.instance_rows("dsv3_router_gemm", ["narrow_r1k"], [1, 3, 99], "float32", "nvrtc")
+        rows = sass_stats.instance_rows("dsv3_router_gemm", ["narrow_r1kc"], [1, 3, 99], "float32", "nvrtc")
     finally:
         cache.clear_memory()
-    assert [r[0] for r in rows] == ["narrow_r1k M=1", "narrow_r1k M=3"]  # M=99 is not served: no row
+    assert [r[0] for r in rows] == ["narrow_r1kc M=1", "narrow_r1kc M=3"]  # M=99 is not served: no row
     (_, regs1, spill1, total1, ffma1, *_), (_, regs3, _, total3, ffma3, *_) = rows
     assert regs1 > 0 and spill1 == 0 and total1 > ffma1 > 0
     # one weight row, 8 elements per 16-byte chunk, 2 chunks per thread: 16 FMAs per token in each body

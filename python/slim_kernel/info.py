@@ -156,7 +156,7 @@ def collect() -> tuple[dict, list[str]]:
 
 
 def _ranges(rows: list[dict]) -> list[str]:
-    """M ranges with the same pick: 'M 1-4 jit:narrow_r2k'."""
+    """M ranges with the same pick: 'M 1-4 jit:narrow_r2kc'."""
     out, start = [], None
     for i, row in enumerate(rows):
         if start is None:

@@ -299,12 +299,12 @@ VARIANTS: dict[str, dict[str, GemmConfig]] = {
     ROUTER: {
         "skinny": Skinny(rt=1, stages=8, warps=4, split=0),
         "skinny_c4": Skinny(rt=1, stages=8, warps=4, split=4),
-        # K = 7168 (DeepSeek-V3) also has a body compiled for it; other K run the generic one
-        "narrow_r1k": Narrow(rows=1, cpt=2, threads=448, tokens=4, exactk=7168),  # 2 CTAs/SM need <= 72 registers
-        "narrow_r1gk": Narrow(rows=1, cpt=2, threads=448, tokens=4, plain=1, exactk=7168),  # after a PDL-aware producer
-        "narrow_r2k": Narrow(rows=2, cpt=2, threads=448, tokens=8, exactk=7168),
-        "narrow_r2kl": Narrow(rows=2, cpt=2, threads=448, tokens=8, late=1, exactk=7168),
-        # <= 72 registers (a CTA fits beside flashinfer's RMSNorm CTA), spill-free up to these M
+        # K = 7168 (DeepSeek-V3, M == the instance's M, E % rows == 0) gets a straight-line instance
+        # (exact_for); other shapes the generic one. A 72-register cap lets a CTA fit beside flashinfer's
+        # RMSNorm CTA (896 threads x 32 registers), so the weight prologue overlaps a PDL-aware producer
+        # (run 55); spill-free up to these M. g: plain loads; l: the PDL trigger after the FMAs.
+        "narrow_r1kc": Narrow(rows=1, cpt=2, threads=448, tokens=8, regs=72, exactk=7168),
+        "narrow_r1gkc": Narrow(rows=1, cpt=2, threads=448, tokens=8, plain=1, regs=72, exactk=7168),
         "narrow_r2kc": Narrow(rows=2, cpt=2, threads=448, tokens=7, regs=72, exactk=7168),
         "narrow_r2klc": Narrow(rows=2, cpt=2, threads=448, tokens=6, late=1, regs=72, exactk=7168),
         "narrow_r3klc": Narrow(rows=3, cpt=2, threads=448, tokens=6, late=1, regs=72, exactk=7168),
