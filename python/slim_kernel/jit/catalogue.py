@@ -99,7 +99,7 @@ class Narrow:
     tokens: int = 16  # the largest M served: 1..8 or 16 (more rows x tokens spill at 448 threads)
     plain: int = 0  # 1: plain loads instead of ld.global.nc.L1::no_allocate (compile-time; narrow_gemm.cuh)
     late: int = 0  # 1: the PDL trigger after the FMAs instead of at entry (compile-time)
-    regs: int = 0  # a register cap (compile-time; 0: none): <= 72 fits a CTA beside flashinfer's RMSNorm CTA
+    regs: int = 0  # a register cap (compile-time; 0: none; with exactk, of the straight-line instances only)
     exactk: int = 0  # K of the straight-line instances (exact_for; compile-time; 0: none)
 
     def __post_init__(self):
@@ -116,9 +116,13 @@ class Narrow:
     def instance(self, op: str, m: int, out_dtype: str, shape: tuple[int, int] | None = None) -> KernelInstance:
         if m > self.tokens:
             raise ValueError(f"this narrow kernel serves M <= {self.tokens}, got M={m}")
+        exact = self.exact_for(m, shape)
+        # The cap is for the straight-line body (where it was measured); under it the generic body
+        # spills from M=4 on, so other shapes get the generic body uncapped.
+        regs = self.regs if exact or not self.exactk else 0
         # the options only when set, so instances without them keep their keys (and cached cubins)
-        options = {k: v for k, v in (("SK_PLAIN", self.plain), ("SK_LATE", self.late), ("SK_MAXNREG", self.regs)) if v}
-        if self.exact_for(m, shape):
+        options = {k: v for k, v in (("SK_PLAIN", self.plain), ("SK_LATE", self.late), ("SK_MAXNREG", regs)) if v}
+        if exact:
             options["SK_EXACTK"] = self.exactk
         return _make(op, out_dtype, SK_FAMILY=1, SK_ROWS=self.rows, SK_MT=_mt(m), SK_CPT=self.cpt,
                      SK_THREADS=self.threads, **options)
@@ -324,16 +328,21 @@ def variant_serves(cfg: GemmConfig, op: str, m: int) -> bool:
     return op in cfg.ops and m <= cfg.max_m() and cfg.smem(m) <= MAX_SMEM
 
 
+ANY_SHAPE = (0, 0)  # an (N, K) no straight-line instance serves (Narrow.exact_for): the generic body
+
+
 def instances(op: str, cfg: GemmConfig, max_m: int = MAX_M, lo: int = 1) -> list[KernelInstance]:
-    """The instances ``cfg`` compiles to for M in lo..max_m (one per token bucket and out dtype)."""
+    """The instances ``cfg`` compiles to for M in lo..max_m: one per token bucket and out dtype, and
+    for narrow configurations with ``exactk`` both the straight-line one and the generic one."""
     seen: list[KernelInstance] = []
     for m in range(lo, min(max_m, cfg.max_m()) + 1):
         if cfg.smem(m) > MAX_SMEM:
             continue
         for dt in OUT_DTYPES[op]:
-            inst = cfg.instance(op, m, dt)
-            if inst not in seen:
-                seen.append(inst)
+            for shape in (None, ANY_SHAPE):
+                inst = cfg.instance(op, m, dt, shape)
+                if inst not in seen:
+                    seen.append(inst)
     return seen
 
 
