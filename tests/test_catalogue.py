@@ -59,6 +59,23 @@ def test_narrow_straight_line_instance_only_for_its_shape():
     assert not has_exact(5, (256, 4096)) and not has_exact(5, (255, 7168)) and not has_exact(12, (256, 7168))
     generic = exact.instance(ROUTER, 5, "float32", (256, 4096))
     assert generic == cat.Narrow(rows=2, tokens=16).instance(ROUTER, 5, "float32")  # the plain generic instance
+
+
+def test_catalogue_lists_both_bodies_and_caps_only_the_straight_line_one():
+    """precompile and the AOT baseline build what a call can launch: for an exact-K narrow
+    configuration that is the straight-line instance and, for other shapes, the generic one."""
+    capped = cat.Narrow(rows=2, tokens=7, regs=72, exactk=7168)
+    straight = dict(capped.instance(ROUTER, 6, "float32").defines)
+    generic = dict(capped.instance(ROUTER, 6, "float32", cat.ANY_SHAPE).defines)
+    assert straight["SK_MAXNREG"] == 72 and straight["SK_EXACTK"] == 7168
+    assert "SK_MAXNREG" not in generic and "SK_EXACTK" not in generic  # the generic body spills under 72
+    assert dict(cat.Narrow(rows=2, regs=72).instance(ROUTER, 6, "float32").defines)["SK_MAXNREG"] == 72
+    listed = {i for op, i in cat.all_instances() if op == ROUTER}
+    for name, cfg in cat.VARIANTS[ROUTER].items():
+        if getattr(cfg, "exactk", 0):
+            for m in range(1, cfg.max_m() + 1):
+                for shape in (None, cat.ANY_SHAPE):
+                    assert cfg.instance(ROUTER, m, "bfloat16", shape) in listed, (name, m, shape)
     assert not cat.Narrow(rows=2).exact_for(5, None)
 
 
