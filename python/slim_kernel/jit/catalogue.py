@@ -96,7 +96,7 @@ class Narrow:
     rows: int = 2  # output rows per CTA (compile-time)
     cpt: int = 2  # 16-byte chunks per thread per row and round (compile-time)
     threads: int = 448  # block size (compile-time: K = 7168 is one round of 448 x 2 chunks)
-    tokens: int = 16  # the largest M served: 1..8 or 16 (more rows x tokens spill at 448 threads)
+    tokens: int = 16  # the largest M served (1..16): one instance per M
     plain: int = 0  # 1: plain loads instead of ld.global.nc.L1::no_allocate (compile-time; narrow_gemm.cuh)
     late: int = 0  # 1: the PDL trigger after the FMAs instead of at entry (compile-time)
     regs: int = 0  # a register cap (compile-time; 0: none; with exactk, of the straight-line instances only)
@@ -104,10 +104,10 @@ class Narrow:
 
     def __post_init__(self):
         _check(1 <= self.rows <= 8 and 1 <= self.cpt <= 4 and self.threads % 32 == 0 and 32 <= self.threads <= 1024
-               and (1 <= self.tokens <= 8 or self.tokens == 16) and self.plain in (0, 1) and self.late in (0, 1)
+               and 1 <= self.tokens <= 16 and self.plain in (0, 1) and self.late in (0, 1)
                and (self.regs == 0 or 24 <= self.regs <= 255)
                and self.exactk >= 0 and self.exactk % VEC == 0, self,
-               "need rows 1..8, cpt 1..4, threads a multiple of 32 in 32..1024, tokens 1..8 or 16, plain and late 0 "
+               "need rows 1..8, cpt 1..4, threads a multiple of 32 in 32..1024, tokens 1..16, plain and late 0 "
                f"or 1, regs 0 or 24..255, exactk 0 or a positive multiple of {VEC}")
 
     def max_m(self) -> int:
@@ -124,21 +124,21 @@ class Narrow:
         options = {k: v for k, v in (("SK_PLAIN", self.plain), ("SK_LATE", self.late), ("SK_MAXNREG", regs)) if v}
         if exact:
             options["SK_EXACTK"] = self.exactk
-        return _make(op, out_dtype, SK_FAMILY=1, SK_ROWS=self.rows, SK_MT=_mt(m), SK_CPT=self.cpt,
+        return _make(op, out_dtype, SK_FAMILY=1, SK_ROWS=self.rows, SK_MT=m, SK_CPT=self.cpt,
                      SK_THREADS=self.threads, **options)
 
     def exact_for(self, m: int, shape: tuple[int, int] | None) -> bool:
         """Whether (M, (N, K)) gets the straight-line instance (``shape`` None: the tuned shape, K = exactk):
-        K == exactk, M == the instance's token count, N a multiple of rows. Its registers are the exact body's
-        alone (a generic body beside it would set them: 84 against 72 at M=5), so it is its own instance."""
-        return bool(self.exactk) and _mt(m) == m and (
+        K == exactk and N a multiple of rows (every instance is compiled for its exact M). Its registers are the
+        exact body's alone (a generic body beside it would set them: 84 against 72 at M=5), so it is its own instance."""
+        return bool(self.exactk) and (
             shape is None or (shape[1] == self.exactk and shape[0] % self.rows == 0))
 
     def geometry(self, n: int, k: int, sm_count: int) -> tuple[tuple, tuple, tuple | None]:
         return (_cdiv(n, self.rows), 1, 1), (self.threads, 1, 1), None
 
     def smem(self, m: int) -> int:  # narrow_smem_bytes in kernels/narrow_gemm.cuh
-        return self.rows * _mt(m) * self.threads * 4
+        return self.rows * m * self.threads * 4
 
 
 @dataclass(frozen=True)
@@ -230,11 +230,6 @@ def _partials(rt: int, nt: int, warps: int) -> int:  # partials_bytes in kernels
     return (warps + 1) * rt * nt * 128 * 4
 
 
-def _mt(m: int) -> int:
-    """The narrow kernel's token count: exact up to 8 (registers and FMAs track M), then 16."""
-    return m if m <= 8 else 16
-
-
 def _make(op: str, out_dtype: str, signature: str = POINTER_SIGNATURE, **defines) -> KernelInstance:
     if out_dtype not in OUT_DTYPES[op]:
         raise ValueError(f"{op} has no {out_dtype} output (only {', '.join(OUT_DTYPES[op])})")
@@ -306,9 +301,10 @@ VARIANTS: dict[str, dict[str, GemmConfig]] = {
         # K = 7168 (DeepSeek-V3, M == the instance's M, E % rows == 0) gets a straight-line instance
         # (exact_for); other shapes the generic one. A 72-register cap lets a CTA fit beside flashinfer's
         # RMSNorm CTA (896 threads x 32 registers), so the weight prologue overlaps a PDL-aware producer
-        # (run 55); spill-free up to these M. g: plain loads; l: the PDL trigger after the FMAs.
-        "narrow_r1kc": Narrow(rows=1, cpt=2, threads=448, tokens=8, regs=72, exactk=7168),
-        "narrow_r1gkc": Narrow(rows=1, cpt=2, threads=448, tokens=8, plain=1, regs=72, exactk=7168),
+        # (run 55); spill-free up to these M (one row uncapped at M 9-16, 96-124 registers, lost by
+        # 1.5-5.5 µs: run 61). g: plain loads; l: the PDL trigger after the FMAs.
+        "narrow_r1kc": Narrow(rows=1, cpt=2, threads=448, tokens=10, regs=72, exactk=7168),
+        "narrow_r1gkc": Narrow(rows=1, cpt=2, threads=448, tokens=10, plain=1, regs=72, exactk=7168),
         "narrow_r2kc": Narrow(rows=2, cpt=2, threads=448, tokens=7, regs=72, exactk=7168),
         "narrow_r2klc": Narrow(rows=2, cpt=2, threads=448, tokens=6, late=1, regs=72, exactk=7168),
         "narrow_r3klc": Narrow(rows=3, cpt=2, threads=448, tokens=6, late=1, regs=72, exactk=7168),

@@ -1,5 +1,5 @@
 // narrow_gemm: out(M, N) = act(M, K) @ W(N, K)^T for few tokens (M <= MT <= 16), fp32 accumulation.
-// The catalogue compiles MT = M for M <= 8 (registers and FMAs track M) and MT = 16 above.
+// The catalogue compiles MT = M (registers and FMAs track M).
 //
 // A CTA owns ROWS (1..8) output rows over the whole K, so no CTA waits for another: no cluster,
 // no cross-CTA reduction, one short chain from launch to store (the router at M <= ~4, where
