@@ -298,7 +298,7 @@ VARIANTS: dict[str, dict[str, GemmConfig]] = {
     ROUTER: {
         "skinny": Skinny(rt=1, stages=8, warps=4, split=0),
         "skinny_c4": Skinny(rt=1, stages=8, warps=4, split=4),
-        # K = 7168 (DeepSeek-V3, M == the instance's M, E % rows == 0) gets a straight-line instance
+        # K = 7168 (DeepSeek-V3) with E % rows == 0 gets a straight-line instance
         # (exact_for); other shapes the generic one. A 72-register cap lets a CTA fit beside flashinfer's
         # RMSNorm CTA (896 threads x 32 registers), so the weight prologue overlaps a PDL-aware producer
         # (run 55); spill-free up to these M (one row uncapped at M 9-16, 96-124 registers, lost by
@@ -328,8 +328,8 @@ ANY_SHAPE = (0, 0)  # an (N, K) no straight-line instance serves (Narrow.exact_f
 
 
 def instances(op: str, cfg: GemmConfig, max_m: int = MAX_M, lo: int = 1) -> list[KernelInstance]:
-    """The instances ``cfg`` compiles to for M in lo..max_m: one per token bucket and out dtype, and
-    for narrow configurations with ``exactk`` both the straight-line one and the generic one."""
+    """The instances ``cfg`` compiles to for M in lo..max_m: one per token bucket (narrow: per M) and
+    out dtype, and for narrow configurations with ``exactk`` both the straight-line one and the generic one."""
     seen: list[KernelInstance] = []
     for m in range(lo, min(max_m, cfg.max_m()) + 1):
         if cfg.smem(m) > MAX_SMEM:

@@ -17,7 +17,8 @@
 //    as sglang's tiny_gemm is by being compiled per K, N and M). K alone: 0.05-0.2 us faster at
 //    M 1-3 (run 51).
 //  * LATE: the PDL trigger after the FMAs instead of at entry (the next kernel's CTAs do not
-//    take SMs while this one still needs them; helps at M >= 5 after a PDL-aware producer, run 43).
+//    take SMs while this one still needs them). Under the 72-register cap it is the pick at M=6 (run 57);
+//    uncapped it gained nothing (run 55).
 //  * Reduction in a fixed order: every thread's ROWS*M partials go to shared memory (value-major,
 //    conflict-free), then warp w sums outputs w, w+WARPS, ...: each lane adds WARPS partials,
 //    then a butterfly over the lanes. Repeated runs are bit-identical.
