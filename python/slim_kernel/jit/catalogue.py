@@ -189,9 +189,10 @@ class Stream:
     kernel = "stream"
     ops = (FUSED_A,)  # a CTA per 16 rows and no split-K: the router's 256-384 rows would fill 16-24 SMs
     stages: int = 8  # ring depth (compile-time; fewer where M's stages would not fit)
+    contig: int = 0  # 1: each stage one contiguous 256-k piece of every row instead of four regions
 
     def __post_init__(self):
-        _check(2 <= self.stages <= 64, self, "need stages 2..64")
+        _check(2 <= self.stages <= 64 and self.contig in (0, 1), self, "need stages 2..64 and contig 0 or 1")
 
     def max_m(self) -> int:
         return 32  # 4 token tiles (stream_gemm.cuh: NT <= 4)
@@ -208,7 +209,8 @@ class Stream:
         return _stages_that_fit(self.stages, self._fixed(m), self._stage(m))
 
     def instance(self, op: str, m: int, out_dtype: str, shape: tuple[int, int] | None = None) -> KernelInstance:
-        return _make(op, out_dtype, SK_FAMILY=3, SK_NT=token_tiles(m), SK_STAGES=self.stages_for(m))
+        contig = {"SK_CONTIG": 1} if self.contig else {}  # only when set: the other instances keep their keys
+        return _make(op, out_dtype, SK_FAMILY=3, SK_NT=token_tiles(m), SK_STAGES=self.stages_for(m), **contig)
 
     def geometry(self, n: int, k: int, sm_count: int) -> tuple[tuple, tuple, tuple | None]:
         return (_cdiv(n, 16), 1, 1), (256, 1, 1), None
@@ -314,6 +316,7 @@ VARIANTS: dict[str, dict[str, GemmConfig]] = {
         "skinny": Skinny(rt=1, stages=8, warps=8, split=1),
         "skinny_w10": Skinny(rt=1, stages=6, warps=10, split=1),
         "stream": Stream(stages=8),  # 4, 6, 12 and 16 stages lost at every M (runs 32-35)
+        "stream_c": Stream(stages=8, contig=1),  # sglang's copy order (version 28, unmeasured)
     },
 }
 FALLBACK_VARIANT = "skinny"  # serves every M of both ops: the choice where nothing was measured

@@ -7,6 +7,8 @@
 //    holds k [r*R + 64s, r*R + 64s + 64) of every region r. One loader warp instruction copies
 //    a row's four 128-byte lines of a stage (lane = 16-byte chunk, lane / 8 = region): whole
 //    lines, each requested once, so the copies prefetch 128 bytes into L2, not 256.
+//    CONTIG: stage s holds k [256s, 256s + 256) instead, one contiguous 512-byte piece of each
+//    row (compute warp w takes its k [256s + 64w, +64)); the shared-memory layout is the same.
 //  * A row takes 512 bytes of a stage; chunk c of row r sits at chunk c ^ (r % 8), so the
 //    ldmatrix reads of 8 rows at one k hit 8 different bank groups.
 //  * Every loader thread signals a stage's "full" mbarrier with cp.async.mbarrier.arrive.noinc:
@@ -39,10 +41,11 @@ __device__ __forceinline__ unsigned stream_slot(int r, int c) { return (unsigned
 
 // One loader warp's side of the ring: rows wr + 2j (j < J, only those < valid) of src, the
 // lane's chunk of each region, into the tile at `tile` of every stage.
-template <int J, int STAGES, int STAGE>
+template <int J, int STAGES, int STAGE, bool CONTIG>
 __device__ __forceinline__ void stream_load(const __nv_bfloat16* __restrict__ src, int ld, int wr, int valid, int lane,
                                             int R, int K, int nst, unsigned full, unsigned empty, unsigned tile) {
-    int k = (lane >> 3) * R + (lane & 7) * 8;  // this lane's k in the current stage
+    constexpr int kstep = CONTIG ? 256 : 64;  // k between one stage's copies and the next's
+    int k = CONTIG ? lane * 8 : (lane >> 3) * R + (lane & 7) * 8;  // this lane's k in the current stage
     // Fixed before the loop, which only advances one pointer: rows are rstep bytes apart, and to[j]
     // is where row j's chunk goes in stage 0.
     const char* row = reinterpret_cast<const char*>(src + (long long)wr * ld);
@@ -52,7 +55,7 @@ __device__ __forceinline__ void stream_load(const __nv_bfloat16* __restrict__ sr
 #pragma unroll
     for (int j = 0; j < J; ++j) to[j] = tile + stream_slot(wr + 2 * j, lane);
     const int rows = valid - wr > 0 ? (valid - wr + 1) / 2 : 0;  // rows j < rows are copied
-    for (int s = 0; s < nst; ++s, k += 64, from += 128) {
+    for (int s = 0; s < nst; ++s, k += kstep, from += 2 * kstep) {
         const int slot = s % STAGES;
         if (s >= STAGES) mbar_wait(empty + 8 * slot, ((s / STAGES) & 1) ^ 1);
         const int bytes = k < K ? 16 : 0;  // zeros past K, from an address inside the row
@@ -65,7 +68,7 @@ __device__ __forceinline__ void stream_load(const __nv_bfloat16* __restrict__ sr
     }
 }
 
-template <int NT, int STAGES, bool OUT_BF16>
+template <int NT, int STAGES, bool OUT_BF16, bool CONTIG = false>
 __device__ __forceinline__ void stream_gemm(const __nv_bfloat16* __restrict__ act, const __nv_bfloat16* __restrict__ w,
                                             void* __restrict__ out, int M, int N, int K, int lda, int ldw, int ldo) {
     static_assert(NT >= 1 && NT <= 4 && STAGES >= 2 && 16 * STAGES <= kStreamBarrierBytes, "bad stream config");
@@ -96,10 +99,10 @@ __device__ __forceinline__ void stream_gemm(const __nv_bfloat16* __restrict__ ac
     __syncthreads();
 
     if (warp < 2) {
-        stream_load<8, STAGES, STAGE>(w + (long long)row0 * ldw, ldw, warp, N - row0, lane, R, K, nst, full, empty, ring);
+        stream_load<8, STAGES, STAGE, CONTIG>(w + (long long)row0 * ldw, ldw, warp, N - row0, lane, R, K, nst, full, empty, ring);
     } else if (warp < 4) {
         pdl_wait();
-        stream_load<4 * NT, STAGES, STAGE>(act, lda, warp - 2, m_used, lane, R, K, nst, full, empty,
+        stream_load<4 * NT, STAGES, STAGE, CONTIG>(act, lda, warp - 2, m_used, lane, R, K, nst, full, empty,
                                            ring + kStreamWeightTile);
     } else {
         const int cw = warp - 4;  // region
