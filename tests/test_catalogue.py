@@ -139,7 +139,7 @@ def test_smem_formulas_match_the_kernels(tmp_path):
                 elif isinstance(cfg, cat.Ring):
                     expr = f"slim::ring_smem_bytes({d['SK_NT']}, {d['SK_TK']}, {d['SK_STAGES']}, {d['SK_CW']})"
                 elif isinstance(cfg, cat.Stream):
-                    expr = f"slim::stream_smem_bytes({d['SK_NT']}, {d['SK_STAGES']})"
+                    expr = f"slim::stream_smem_bytes({d['SK_NT']}, {d['SK_STAGES']}, {d['SK_PIECES']})"
                 else:
                     expr = f"slim::narrow_smem_bytes({d['SK_ROWS']}, {d['SK_MT']}, {d['SK_THREADS']})"
                 cases.append((expr, cfg.smem(m)))

@@ -189,17 +189,16 @@ class Stream:
     kernel = "stream"
     ops = (FUSED_A,)  # a CTA per 16 rows and no split-K: the router's 256-384 rows would fill 16-24 SMs
     stages: int = 8  # ring depth (compile-time; fewer where M's stages would not fit)
-    contig: int = 0  # 1: each stage one contiguous 256-k piece of every row instead of four regions
+    pieces: int = 1  # contiguous 512-byte pieces of every row in a stage (compile-time)
 
     def __post_init__(self):
-        _check(2 <= self.stages <= 64 and self.contig in (0, 1), self, "need stages 2..64 and contig 0 or 1")
+        _check(2 <= self.stages <= 64 and self.pieces in (1, 2), self, "need stages 2..64 and pieces 1 or 2")
 
     def max_m(self) -> int:
         return 32  # 4 token tiles (stream_gemm.cuh: NT <= 4)
 
-    @staticmethod
-    def _stage(m: int) -> int:  # stream_stage_bytes in kernels/stream_gemm.cuh
-        return (16 + 8 * token_tiles(m)) * 512
+    def _stage(self, m: int) -> int:  # stream_stage_bytes in kernels/stream_gemm.cuh
+        return (16 + 8 * token_tiles(m)) * 512 * self.pieces
 
     @staticmethod
     def _fixed(m: int) -> int:  # kStreamBarrierBytes + partials_bytes(1, nt, 4)
@@ -209,8 +208,7 @@ class Stream:
         return _stages_that_fit(self.stages, self._fixed(m), self._stage(m))
 
     def instance(self, op: str, m: int, out_dtype: str, shape: tuple[int, int] | None = None) -> KernelInstance:
-        contig = {"SK_CONTIG": 1} if self.contig else {}  # only when set: the other instances keep their keys
-        return _make(op, out_dtype, SK_FAMILY=3, SK_NT=token_tiles(m), SK_STAGES=self.stages_for(m), **contig)
+        return _make(op, out_dtype, SK_FAMILY=3, SK_NT=token_tiles(m), SK_STAGES=self.stages_for(m), SK_PIECES=self.pieces)
 
     def geometry(self, n: int, k: int, sm_count: int) -> tuple[tuple, tuple, tuple | None]:
         return (_cdiv(n, 16), 1, 1), (256, 1, 1), None
@@ -315,8 +313,10 @@ VARIANTS: dict[str, dict[str, GemmConfig]] = {
     FUSED_A: {
         "skinny": Skinny(rt=1, stages=8, warps=8, split=1),
         "skinny_w10": Skinny(rt=1, stages=6, warps=10, split=1),
-        "stream": Stream(stages=8),  # 4, 6, 12 and 16 stages lost at every M (runs 32-35)
-        "stream_c": Stream(stages=8, contig=1),  # sglang's copy order (version 28, unmeasured)
+        # 4-region copies (sglang's order), rings of 2-3 or 6-16 stages, 2 KB pieces and a late trigger
+        # lost (runs 32-35, 58, 62-65)
+        "stream_c": Stream(stages=8, pieces=1),  # M 17-32
+        "stream_w4": Stream(stages=4, pieces=2),  # M 1-16: 1 KB pieces
     },
 }
 FALLBACK_VARIANT = "skinny"  # serves every M of both ops: the choice where nothing was measured
