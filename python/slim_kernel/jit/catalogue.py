@@ -316,6 +316,7 @@ VARIANTS: dict[str, dict[str, GemmConfig]] = {
         # 4-region copies (sglang's order), rings of 2-3 or 6-16 stages, 2 KB pieces and a late trigger
         # lost (runs 32-35, 58, 62-65)
         "stream_c": Stream(stages=8, pieces=1),  # M 17-32
+        "stream_c6": Stream(stages=6, pieces=1),  # M 24-32 on 0.7.4 (run 64), within 0.05 us of stream_c
         "stream_w4": Stream(stages=4, pieces=2),  # M 1-16: 1 KB pieces
     },
 }
