@@ -3,7 +3,8 @@
 # and the benchmarks, leave logs + JSON + PNG in $OUT (<= 8 files), print a summary last.
 #
 #   bash benchmark/gpu_run.sh BUNDLE [STAGE ...]    stages: tests bench eager ncu aot (default: tests bench eager)
-#   PROFILE_ARGS="--ms 1,16 --impls jit:ring,flashinfer"  narrows the ncu stage (profile_gemm.py options)
+#   PROFILE_ARGS="--case fused_a@1,16 --case router:384@4,8 --impls jit:ring_c8,flashinfer"  narrows the ncu stage
+#   (profile_gemm.py options); PM_ARGS (the same options) adds a PM-sampling pass (DRAM and L2 over time) of those
 #   BENCH_ARGS="--ops fused_a --ms 1,8,16 --large-ms="  narrows the bench stage (bench_gemm.py options; split on
 #   spaces without quote removal, so no quotes inside: --large-ms= is none)
 #   TEST_K="stream"  narrows the tests stage (pytest -k)
@@ -83,7 +84,16 @@ if [[ " $STAGES " == *" ncu "* ]]; then
   ncu --clock-control none --profile-from-start off --nvtx --print-nvtx-rename kernel --csv \
       --metrics "$(cd benchmark && python3 profile_gemm.py --metrics)" \
       python3 benchmark/profile_gemm.py ${SGLANG:+--sglang "$SGLANG"} ${PROFILE_ARGS:-} >"$OUT/ncu.csv" 2>>"$LOG"
-  python3 benchmark/ncu_table.py "$OUT/ncu.csv" 2>&1 | tee -a "$LOG" | tail -40
+  python3 benchmark/ncu_table.py "$OUT/ncu.csv" 2>&1 | tee -a "$LOG" | tail -60
+  if [[ -n "${PM_ARGS:-}" ]]; then
+    stamp "ncu PM sampling"
+    ncu --clock-control none --profile-from-start off --nvtx --print-nvtx-rename kernel --section PmSampling \
+        --pm-sampling-interval 1000 -f -o /tmp/pm python3 benchmark/profile_gemm.py ${SGLANG:+--sglang "$SGLANG"} \
+        $PM_ARGS >>"$LOG" 2>&1 || stamp "PM sampling failed (log)"
+    ncu -i /tmp/pm.ncu-rep --page raw --csv --print-metric-instances values >"$OUT/pm.csv" 2>>"$LOG" || true
+    ncu -i /tmp/pm.ncu-rep --page details --print-details all >"$OUT/pm_details.txt" 2>>"$LOG" || true
+    ls -la "$OUT"
+  fi
 fi
 if [[ " $STAGES " == *" aot "* && -d csrc/aot_baseline ]]; then
   # Last: installing the AOT baseline replaces the shipped build in this environment.

@@ -28,6 +28,13 @@ SHORT = {
     "launch__block_size": "block",
     "launch__registers_per_thread": "regs",
     "launch__shared_mem_config_size": "smem KB",
+    "smsp__average_warps_issue_stalled_wait_per_issue_active.ratio": "stall wait",
+    "smsp__average_warps_issue_stalled_short_scoreboard_per_issue_active.ratio": "stall ssb",
+    "smsp__average_warps_issue_stalled_math_pipe_throttle_per_issue_active.ratio": "stall math",
+    "smsp__warps_active.avg.pct_of_peak_sustained_active": "occup %",
+    "l1tex__t_sector_hit_rate.pct": "L1 hit %",
+    "sm__cycles_active.avg": "SM act cy",
+    "gpc__cycles_elapsed.max": "cycles",
 }
 SCALE = {"gpu__time_duration.sum": ("nsecond", 1e-3), "dram__bytes_read.sum": ("byte", 1e-6),
          "lts__t_bytes.sum": ("byte", 1e-6), "launch__shared_mem_config_size": ("byte", 1e-3)}

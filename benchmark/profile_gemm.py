@@ -34,13 +34,34 @@ METRICS = ",".join([
     "lts__throughput.avg.pct_of_peak_sustained_elapsed", "lts__t_sector_hit_rate.pct",
     "l1tex__throughput.avg.pct_of_peak_sustained_elapsed", "smsp__inst_executed.sum",
     "launch__grid_size", "launch__block_size", "launch__registers_per_thread", "launch__shared_mem_config_size",
+    "smsp__average_warps_issue_stalled_wait_per_issue_active.ratio",
+    "smsp__average_warps_issue_stalled_short_scoreboard_per_issue_active.ratio",
+    "smsp__average_warps_issue_stalled_math_pipe_throttle_per_issue_active.ratio",
+    "smsp__warps_active.avg.pct_of_peak_sustained_active", "l1tex__t_sector_hit_rate.pct",
+    "sm__cycles_active.avg", "gpc__cycles_elapsed.max",
 ])
+DEFAULT_CASES = ["fused_a@1,16", "router:256@1,16"]
+
+
+def parse_case(text: str) -> tuple[str, int, str, list[int]]:
+    """``fused_a@1,8,16`` / ``router:384[:bfloat16]@4,8`` -> (op, N or E, out dtype, Ms)."""
+    what, _, ms = text.partition("@")
+    parts = what.split(":")
+    if parts[0] == "fused_a" and len(parts) == 1:
+        return "dsv3_fused_a_gemm", B.FUSED_N, "bfloat16", B.parse_ms(ms or "1")
+    if parts[0] == "router" and len(parts) in (2, 3) and parts[1].isdigit():
+        out = parts[2] if len(parts) == 3 else "float32"
+        if out not in ("float32", "bfloat16"):
+            raise ValueError(f"--case {text!r}: out dtype must be float32 or bfloat16")
+        return "dsv3_router_gemm", int(parts[1]), out, B.parse_ms(ms or "1")
+    raise ValueError(f"--case {text!r}: expected fused_a@MS or router:E[:OUT]@MS")
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sglang")
-    ap.add_argument("--ms", default="1,16")
+    ap.add_argument("--case", action="append", help="fused_a@1,8,16 or router:E[:OUT]@4,8 (repeatable; default: "
+                    + " ".join(DEFAULT_CASES) + ")")
     ap.add_argument("--impls", default="", help="comma-separated column names (default: all but @nopdl and ref)")
     ap.add_argument("--metrics", action="store_true", help="print the metric list for ncu and exit")
     args = ap.parse_args()
@@ -50,11 +71,12 @@ def main() -> int:
     notes: list[str] = []
     anchors = Anchors(notes, args.sglang)
     gen = torch.Generator(device="cuda").manual_seed(1)
-    cases = [B.Case("dsv3_fused_a_gemm", B.FUSED_N, "bfloat16", gen), B.Case("dsv3_router_gemm", 256, "float32", gen)]
-    anchors.warm_sglang([(256, torch.float32)], B.FUSED_N, B.K)
+    specs = [parse_case(c) for c in args.case or DEFAULT_CASES]
+    cases = [(B.Case(op, n, out, gen), ms) for op, n, out, ms in specs]
+    anchors.warm_sglang([(n, getattr(torch, out)) for op, n, out, _ in specs if op == "dsv3_router_gemm"], B.FUSED_N, B.K)
     plan = []
-    for case in cases:
-        for m in B.parse_ms(args.ms):
+    for case, ms in cases:
+        for m in ms:
             x = torch.randn(m, B.K, generator=gen, device="cuda").to(torch.bfloat16)
             out = torch.empty(m, case.n, device="cuda", dtype=case.out_dtype)
             impls = B.ours(case, x, out)
