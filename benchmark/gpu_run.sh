@@ -11,7 +11,8 @@
 #
 # BUNDLE: the flashinfer wheel folder carried with the command (.devwheels for 0.7.2.post1:
 # `python3 ../shared/device/make-bundle.py`; .devwheels74 for 0.7.4: `FLASHINFER_VERSION=0.7.4
-# python3 ../shared/device/make-bundle.py .devwheels74`), or `none`. sglang's JIT kernels (the
+# python3 ../shared/device/make-bundle.py .devwheels74`; `benchmark/trim_bundle.py` makes a smaller copy when the
+# tree plus bundle pass the 64 MiB a command takes), or `none`. sglang's JIT kernels (the
 # anchors) are timed when .anchors/sglang_jit (a copy of ../shared/anchors/sglang_jit) is carried too.
 set -uo pipefail
 cd "$(dirname "$0")/.."
