@@ -5,6 +5,7 @@
 #   bash benchmark/gpu_run.sh BUNDLE [STAGE ...]    stages: tests bench eager ncu aot (default: tests bench eager)
 #   PROFILE_ARGS="--case fused_a@1,16 --case router:384@4,8 --impls jit:ring_c8,flashinfer"  narrows the ncu stage
 #   (profile_gemm.py options); PM_ARGS (the same options) adds a PM-sampling pass (DRAM and L2 over time) of those
+#   (PM_INTERVAL: the sampling interval, ncu units; 1000 gave 1.5 us samples on the H200)
 #   BENCH_ARGS="--ops fused_a --ms 1,8,16 --large-ms="  narrows the bench stage (bench_gemm.py options; split on
 #   spaces without quote removal, so no quotes inside: --large-ms= is none)
 #   TEST_K="stream"  narrows the tests stage (pytest -k)
@@ -89,7 +90,7 @@ if [[ " $STAGES " == *" ncu "* ]]; then
   if [[ -n "${PM_ARGS:-}" ]]; then
     stamp "ncu PM sampling"
     ncu --clock-control none --profile-from-start off --nvtx --print-nvtx-rename kernel --section PmSampling \
-        --pm-sampling-interval 1000 -f -o /tmp/pm python3 benchmark/profile_gemm.py ${SGLANG:+--sglang "$SGLANG"} \
+        --pm-sampling-interval "${PM_INTERVAL:-1000}" -f -o /tmp/pm python3 benchmark/profile_gemm.py ${SGLANG:+--sglang "$SGLANG"} \
         $PM_ARGS >>"$LOG" 2>&1 || stamp "PM sampling failed (log)"
     ncu -i /tmp/pm.ncu-rep --page raw --csv --print-metric-instances values >"$OUT/pm.csv" 2>>"$LOG" || true
     ncu -i /tmp/pm.ncu-rep --page details --print-details all >"$OUT/pm_details.txt" 2>>"$LOG" || true

@@ -46,6 +46,7 @@ def test_instances_are_unique_and_bucketed():
     assert {op for op, i in pairs if dict(i.defines)["SK_FAMILY"] == 1} == {ROUTER}
     assert {op for op, i in pairs if dict(i.defines)["SK_FAMILY"] == 2} == {ROUTER}
     assert {op for op, i in pairs if dict(i.defines)["SK_FAMILY"] == 3} == {FUSED_A}
+    assert {op for op, i in pairs if dict(i.defines)["SK_FAMILY"] == 4} == {ROUTER}
 
 
 def test_narrow_straight_line_instance_only_for_its_shape():
@@ -138,6 +139,8 @@ def test_smem_formulas_match_the_kernels(tmp_path):
                     expr = f"slim::skinny_smem_bytes({d['SK_RT']}, {d['SK_NT']}, {d['SK_STAGES']}, {cfg.warps})"
                 elif isinstance(cfg, cat.Ring):
                     expr = f"slim::ring_smem_bytes({d['SK_NT']}, {d['SK_TK']}, {d['SK_STAGES']}, {d['SK_CW']})"
+                elif isinstance(cfg, cat.Direct):
+                    expr = f"slim::direct_smem_bytes({d['SK_NT']}, {d['SK_CW']})"
                 elif isinstance(cfg, cat.Stream):
                     expr = f"slim::stream_smem_bytes({d['SK_NT']}, {d['SK_STAGES']}, {d['SK_PIECES']})"
                 else:
@@ -146,7 +149,7 @@ def test_smem_formulas_match_the_kernels(tmp_path):
     src = tmp_path / "formulas.cu"
     body = "\n".join(f'    printf("%d\\n", {expr});' for expr, _ in cases)
     src.write_text('#include <cstdio>\n#include "skinny_gemm.cuh"\n#include "narrow_gemm.cuh"\n#include "ring_gemm.cuh"\n'
-                   '#include "stream_gemm.cuh"\n'
+                   '#include "direct_gemm.cuh"\n#include "stream_gemm.cuh"\n'
                    f'int main() {{\n{body}\n    return 0;\n}}\n')
     exe = tmp_path / "formulas"
     proc = subprocess.run([_nvcc(), "-std=c++17", "-I", str(KERNELS), str(src), "-o", str(exe)],

@@ -9,6 +9,8 @@ in ``kernels/`` (design notes there):
   narrow  a CTA per few rows over the whole K, CUDA-core FMAs, no cluster (router, M <= 16)
   ring    loader warps filling an mbarrier ring with cp.async, compute warps on mma.sync, split-K
           over a cluster (router, M <= 32)
+  direct  ring's split-K cluster and mma.sync, each lane loading its fragments straight into
+          registers (router, M <= 16)
   stream  weight and token loader warps filling an mbarrier ring, four compute warps each owning a
           quarter of K, a CTA per 16 rows (fused-A, M <= 32)
 
@@ -217,8 +219,36 @@ class Stream:
         return self._fixed(m) + self.stages_for(m) * self._stage(m)
 
 
-GemmConfig = Skinny | Narrow | Ring | Stream
-FAMILIES: dict[str, type] = {cls.kernel: cls for cls in (Skinny, Narrow, Ring, Stream)}
+@dataclass(frozen=True)
+class Direct:
+    kernel = "direct"
+    ops = (ROUTER,)
+    warps: int = 4  # warps per CTA (compile-time)
+    bpw: int = 7  # 32-k blocks per warp and round (compile-time): K = 7168 over 8 ranks of 4 warps is one round
+    split: int = 8  # CTAs per cluster splitting K (launch-time)
+
+    def __post_init__(self):
+        _check(1 <= self.warps <= 8 and 1 <= self.bpw <= 16 and 1 <= self.split <= MAX_SPLIT, self,
+               f"need warps 1..8, bpw 1..16, split 1..{MAX_SPLIT}")
+
+    def max_m(self) -> int:
+        return 16  # two token tiles: a round's fragments live in registers
+
+    def instance(self, op: str, m: int, out_dtype: str, shape: tuple[int, int] | None = None) -> KernelInstance:
+        if m > self.max_m():
+            raise ValueError(f"this direct kernel serves M <= {self.max_m()}, got M={m}")
+        return _make(op, out_dtype, SK_FAMILY=4, SK_NT=token_tiles(m), SK_CW=self.warps, SK_BPW=self.bpw)
+
+    def geometry(self, n: int, k: int, sm_count: int) -> tuple[tuple, tuple, tuple | None]:
+        split = max(1, min(self.split, _cdiv(k, 32)))
+        return (_cdiv(n, 16), split, 1), (32 * self.warps, 1, 1), ((1, split, 1) if split > 1 else None)
+
+    def smem(self, m: int) -> int:  # direct_smem_bytes in kernels/direct_gemm.cuh
+        return _partials(1, token_tiles(m), self.warps)
+
+
+GemmConfig = Skinny | Narrow | Ring | Direct | Stream
+FAMILIES: dict[str, type] = {cls.kernel: cls for cls in (Skinny, Narrow, Ring, Direct, Stream)}
 
 
 def _stages_that_fit(wanted: int, fixed: int, per_stage: int) -> int:
@@ -309,6 +339,10 @@ VARIANTS: dict[str, dict[str, GemmConfig]] = {
         "narrow_r2klc": Narrow(rows=2, cpt=2, threads=448, tokens=6, late=1, regs=72, exactk=7168),
         "narrow_r3klc": Narrow(rows=3, cpt=2, threads=448, tokens=6, late=1, regs=72, exactk=7168),
         "ring_c8": Ring(tk=128, stages=8, warps=4, loaders=1, split=8),
+        "direct_c8": Direct(warps=4, bpw=7, split=8),
+        "direct_c8w8": Direct(warps=8, bpw=4, split=8),
+        "direct_c4": Direct(warps=8, bpw=7, split=4),
+        "direct_c16": Direct(warps=2, bpw=7, split=16),
     },
     FUSED_A: {
         "skinny": Skinny(rt=1, stages=8, warps=8, split=1),

@@ -133,24 +133,7 @@ __device__ __forceinline__ void ring_gemm(const __nv_bfloat16* __restrict__ act,
     }
     __syncthreads();
 
-    // CTA sums (fixed compute-warp order) in (token, row) order, then the cluster's.
-    const int m_used = M < NT * 8 ? M : NT * 8;
-    const int outs = m_used * 16;
-    float* csum = red + CW * NT * 4 * 32;
-    for (int o = threadIdx.x; o < outs; o += blockDim.x) {
-        const float v = sum_partials<1, NT>(red, CW, o);
-        const int tok = o >> 4, rl = o & 15;
-        if (csize == 1) {
-            if (row0 + rl < N) store_out<OUT_BF16>(out, (long long)tok * ldo + row0 + rl, v);
-        } else {
-            csum[o] = v;
-        }
-    }
-    if (csize == 1) return;
-    const int per = (outs + (int)csize - 1) / (int)csize;
-    const int mine_lo = (int)crank * per;
-    const int mine = outs - mine_lo < per ? (outs - mine_lo > 0 ? outs - mine_lo : 0) : per;
-    cluster_pull_reduce<16, OUT_BF16>(csum, csize, mine_lo, mine, out, ldo, row0, N);
+    store_split_tile<NT, OUT_BF16>(red, CW, M, out, ldo, row0, N);
 }
 
 }  // namespace slim
