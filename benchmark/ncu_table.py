@@ -1,11 +1,12 @@
 """Summarise `ncu --csv` output of benchmark/profile_gemm.py: one line per profiled kernel.
 
-    python3 benchmark/ncu_table.py ncu.csv
+    python3 benchmark/ncu_table.py ncu.csv     (or a gzipped ncu.csv.gz, as committed)
 """
 
 from __future__ import annotations
 
 import csv
+import gzip
 import sys
 from collections import defaultdict
 
@@ -42,7 +43,7 @@ UNITS = {"usecond": 1e3, "msecond": 1e6, "nsecond": 1, "byte": 1, "Kbyte": 1e3, 
 
 
 def main(path: str) -> int:
-    with open(path, newline="") as f:
+    with (gzip.open if path.endswith(".gz") else open)(path, "rt", newline="") as f:
         lines = [line for line in f if line.startswith('"')]
     rows = list(csv.DictReader(lines))
     kernels: dict = defaultdict(dict)
