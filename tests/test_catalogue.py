@@ -89,6 +89,22 @@ def test_geometry():
     assert cat.Stream(stages=16).stages_for(1) == 16 > cat.Stream(stages=16).stages_for(9) >= 2
     assert cat.Stream().max_m() == 32 and not cat.variant_serves(cat.Stream(), FUSED_A, 33)
     assert cat.Skinny(stages=16, warps=8).stages_for(9) < 16 <= cat.Skinny(stages=16, warps=8).stages_for(1) + 1
+    # direct: 16-row tiles, K split over a cluster of `split` (never more ranks than 32-k blocks)
+    assert cat.Direct(split=8).geometry(384, 7168, 132) == ((24, 8, 1), (128, 1, 1), (1, 8, 1))
+    assert cat.Direct(warps=2, split=16).geometry(250, 7168, 132) == ((16, 16, 1), (64, 1, 1), (1, 16, 1))
+    assert cat.Direct(split=8).geometry(256, 64, 132) == ((16, 2, 1), (128, 1, 1), (1, 2, 1))
+    assert cat.Direct(split=8).geometry(256, 24, 132) == ((16, 1, 1), (128, 1, 1), None)
+
+
+def test_direct_instances_bucket_tokens_and_refuse_past_16():
+    d = cat.Direct(warps=4, bpw=7, split=8)
+    one, two = (dict(d.instance(ROUTER, m, "float32").defines) for m in (8, 9))
+    assert (one["SK_FAMILY"], one["SK_NT"], one["SK_CW"], one["SK_BPW"]) == (4, 1, 4, 7) and two["SK_NT"] == 2
+    assert d.instance(ROUTER, 1, "bfloat16") == d.instance(ROUTER, 8, "bfloat16") != d.instance(ROUTER, 8, "float32")
+    assert d.max_m() == 16 and not cat.variant_serves(d, ROUTER, 17) and not cat.variant_serves(d, FUSED_A, 1)
+    with pytest.raises(ValueError, match="serves M <= 16"):
+        d.instance(ROUTER, 17, "float32")
+    assert d.smem(8) < d.smem(9) == (4 + 1) * 2 * 128 * 4
 
 
 def test_rules_parse_and_reject():
@@ -100,6 +116,9 @@ def test_rules_parse_and_reject():
                        ("kernel=narrow,exactk=7164", "exactk 0 or a positive multiple of 8"),
                        ("kernel=narrow,plain=2", "plain and late 0 or 1"),
                        ("kernel=narrow,late=2", "plain and late 0 or 1"), ("kernel=narrow,regs=8", "regs 0 or 24..255"),
+                       ("kernel=direct,warps=9", r"Direct\(warps=9.*need warps 1..8"),
+                       ("kernel=direct,bpw=0", r"bpw=0.*bpw 1..16"), ("kernel=direct,split=17", r"split=17.*split 1..16"),
+                       ("32:kernel=direct;64:rt=1", "serves M <= 16"),
                        ("kernel=bogus", "kernel must be one of"), ("rt=x", "want an integer"), ("x:rt=1", "MAXM")]:
         with pytest.raises(ValueError, match=match):
             cat.parse_rules(bad, ROUTER)
