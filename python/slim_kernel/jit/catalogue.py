@@ -338,6 +338,11 @@ VARIANTS: dict[str, dict[str, GemmConfig]] = {
         "narrow_r2kc": Narrow(rows=2, cpt=2, threads=448, tokens=7, regs=72, exactk=7168),
         "narrow_r2klc": Narrow(rows=2, cpt=2, threads=448, tokens=6, late=1, regs=72, exactk=7168),
         "narrow_r3klc": Narrow(rows=3, cpt=2, threads=448, tokens=6, late=1, regs=72, exactk=7168),
+        # 896 threads of one chunk per row (one CTA per SM: the block bound caps them at 72 registers):
+        # E=384 M 3-9 and E=256 M 4-5, 9-10 after the plain producer (run 75); three rows stop at M=6:
+        # from M=7 the generic body (K != 7168) spills under that cap
+        "narrow_r3t896": Narrow(rows=3, cpt=1, threads=896, tokens=6, exactk=7168),
+        "narrow_r2t896": Narrow(rows=2, cpt=1, threads=896, tokens=10, exactk=7168),
         "ring_c8": Ring(tk=128, stages=8, warps=4, loaders=1, split=8),
         # one round of fragments in registers per lane; 8 warps of 4 blocks at split 8 (72 registers) were
         # within 1% of these everywhere (run 70)
