@@ -47,7 +47,7 @@ def _shape_key(output, hidden_states, router_weights):
 registry.register(
     KernelSpec(OP, KernelBackend.JIT, "slim_kernel.backends.jit:prepare_router", prepare=True,
                min_sm=(9, 0), check=_jit.router_check, probe=_jit.probe,
-               note="our JIT kernels: M<=64, any E, K%8 (narrow: a CTA per few experts; ring, skinny: cluster split-K)"),
+               note="our JIT kernels: M<=64, any E, K%8 (narrow: a CTA per few experts; direct, ring, skinny: cluster split-K)"),
     KernelSpec(OP, KernelBackend.FLASHINFER, "slim_kernel.backends.flashinfer:prepare_router", prepare=True,
                min_sm=(9, 0), max_sm=(10, 7), check=_flashinfer_check, probe=flashinfer_probe,
                note="flashinfer mm_M1_16_K7168_N256/N384 (+_bf16)"),
