@@ -94,6 +94,8 @@ def test_geometry():
     assert cat.Direct(warps=2, split=16).geometry(250, 7168, 132) == ((16, 16, 1), (64, 1, 1), (1, 16, 1))
     assert cat.Direct(split=8).geometry(256, 64, 132) == ((16, 2, 1), (128, 1, 1), (1, 2, 1))
     assert cat.Direct(split=8).geometry(256, 24, 132) == ((16, 1, 1), (128, 1, 1), None)
+    assert cat.Ring(tk=128, warps=4, loaders=1, split=8).geometry(384, 7168, 132) == ((24, 8, 1), (192, 1, 1), (1, 8, 1))
+    assert cat.Ring(tk=128, split=8).geometry(256, 256, 132)[2] == (1, 2, 1)  # never more ranks than stages
 
 
 def test_direct_instances_bucket_tokens_and_refuse_past_16():

@@ -177,9 +177,7 @@ class Ring:
                      SK_CW=self.warps, SK_LW=self.loaders)
 
     def geometry(self, n: int, k: int, sm_count: int) -> tuple[tuple, tuple, tuple | None]:
-        split = max(1, min(self.split, _cdiv(k, self.tk)))
-        return ((_cdiv(n, 16), split, 1), (32 * (self.warps + self.loaders + 1), 1, 1),
-                (1, split, 1) if split > 1 else None)
+        return _split_k_tiles(n, _cdiv(k, self.tk), self.split, 32 * (self.warps + self.loaders + 1))
 
     def smem(self, m: int) -> int:  # ring_smem_bytes in kernels/ring_gemm.cuh
         stages = self.stages_for(m)
@@ -240,8 +238,7 @@ class Direct:
         return _make(op, out_dtype, SK_FAMILY=4, SK_NT=token_tiles(m), SK_CW=self.warps, SK_BPW=self.bpw)
 
     def geometry(self, n: int, k: int, sm_count: int) -> tuple[tuple, tuple, tuple | None]:
-        split = max(1, min(self.split, _cdiv(k, 32)))
-        return (_cdiv(n, 16), split, 1), (32 * self.warps, 1, 1), ((1, split, 1) if split > 1 else None)
+        return _split_k_tiles(n, _cdiv(k, 32), self.split, 32 * self.warps)
 
     def smem(self, m: int) -> int:  # direct_smem_bytes in kernels/direct_gemm.cuh
         return _partials(1, token_tiles(m), self.warps)
@@ -254,6 +251,12 @@ FAMILIES: dict[str, type] = {cls.kernel: cls for cls in (Skinny, Narrow, Ring, D
 def _stages_that_fit(wanted: int, fixed: int, per_stage: int) -> int:
     """``wanted`` ring stages, or as many as fit in shared memory beside ``fixed`` bytes (at least 2)."""
     return max(2, min(wanted, (MAX_SMEM - fixed) // per_stage))
+
+
+def _split_k_tiles(n: int, k_units: int, split: int, threads: int) -> tuple[tuple, tuple, tuple | None]:
+    """ring / direct: a CTA per 16 rows, K's ``k_units`` shared by a cluster of up to ``split`` CTAs."""
+    split = max(1, min(split, k_units))
+    return (_cdiv(n, 16), split, 1), (threads, 1, 1), ((1, split, 1) if split > 1 else None)
 
 
 def _partials(rt: int, nt: int, warps: int) -> int:  # partials_bytes in kernels/reduce.cuh
