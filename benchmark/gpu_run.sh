@@ -92,9 +92,8 @@ if [[ " $STAGES " == *" ncu "* ]]; then
     ncu --clock-control none --profile-from-start off --nvtx --print-nvtx-rename kernel --section PmSampling \
         --pm-sampling-interval "${PM_INTERVAL:-1000}" -f -o /tmp/pm python3 benchmark/profile_gemm.py ${SGLANG:+--sglang "$SGLANG"} \
         $PM_ARGS >>"$LOG" 2>&1 || stamp "PM sampling failed (log)"
-    ncu -i /tmp/pm.ncu-rep --page raw --csv --print-metric-instances values >"$OUT/pm.csv" 2>>"$LOG" || true
-    ncu -i /tmp/pm.ncu-rep --page details --print-details all >"$OUT/pm_details.txt" 2>>"$LOG" || true
-    ls -la "$OUT"
+    ncu -i /tmp/pm.ncu-rep --page raw --csv --print-metric-instances values >/tmp/pm.csv 2>>"$LOG" \
+        && python3 benchmark/pm_series.py /tmp/pm.csv 2>&1 >"$OUT/pm_series.json" | tee -a "$LOG" | tail -20
   fi
 fi
 if [[ " $STAGES " == *" aot "* && -d csrc/aot_baseline ]]; then

@@ -1,4 +1,5 @@
-"""The benchmark helpers that need no GPU: profile_gemm's case specs and trim_bundle's wheel rewrite."""
+"""The benchmark helpers that need no GPU: profile_gemm's case specs, trim_bundle's wheel rewrite and
+pm_series' reading of an ncu PM-sampling raw page."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import base64
 import csv
 import hashlib
 import io
+import json
 import sys
 import zipfile
 from pathlib import Path
@@ -13,6 +15,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmark"))
+import pm_series  # noqa: E402
 import profile_gemm  # noqa: E402
 import trim_bundle  # noqa: E402
 
@@ -54,3 +57,30 @@ def test_trim_bundle_drops_the_prefix_and_rewrites_a_matching_record(tmp_path):
         assert listed[name][1:] == [f"sha256={digest}", str(len(data[name]))]
     assert (dst / "other-1.0-py3-none-any.whl").read_bytes() == (src / "other-1.0-py3-none-any.whl").read_bytes()
     assert trim_bundle.main([str(src)]) == 2  # usage
+
+
+def _pm_page(path: Path, dram: str) -> None:
+    head = ["ID", "thread Domain:Push/Pop_Range:PL_Type:PL_Value:CLR_Type:Color:Msg_Type:Msg", "Kernel Name",
+            *pm_series.SERIES.values(), "gpu__time_duration.sum", "profiler__pmsampler_interval_time"]
+    row = ["0", '12  "<default domain>:dsv3_router_gemm M=8 jit:direct_c8:none:none" ', "dsv3_router_gemm_kernel",
+           dram, "(0; 1; 2; 3; 4; 5; 6; 7; 8)", "128 (0; 0; 0; 128; 0; 0; 0; 0; 0)", "6.43", "1.50 (1.50)"]
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f, quoting=csv.QUOTE_ALL)
+        w.writerows([head, [""] * len(head), row])
+
+
+def test_pm_series_cuts_each_kernel_to_its_samples(tmp_path, capsys):
+    _pm_page(tmp_path / "pm.csv", "(0; 0; 0; 0.2; 5; 73; 0.4; 0; 0)")
+    assert pm_series.main(str(tmp_path / "pm.csv")) == 0
+    out = json.loads(capsys.readouterr().out)
+    (k,) = out["kernels"]
+    assert k["nvtx"] == "dsv3_router_gemm M=8 jit:direct_c8" and k["kernel"] == "dsv3_router_gemm_kernel"
+    assert (k["duration_us"], k["interval_us"], k["samples_from"]) == (6.43, 1.5, 2)
+    assert k["dram_read_pct"] == [0.0, 0.2, 5.0, 73.0, 0.4, 0.0]  # two samples each side of the busy ones
+    assert k["l2_throughput_pct"] == [2.0, 3.0, 4.0, 5.0, 6.0, 7.0] and k["ctas_launched"][1] == 128
+
+
+def test_pm_series_refuses_a_page_without_the_series(tmp_path):
+    (tmp_path / "ncu.csv").write_text('"ID","Kernel Name"\n"",""\n"0","k"\n')
+    with pytest.raises(ValueError, match="not a PM-sampling raw page"):
+        pm_series.main(str(tmp_path / "ncu.csv"))
