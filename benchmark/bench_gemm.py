@@ -1,29 +1,36 @@
-"""Decode GEMM benchmark: dsv3_router_gemm and dsv3_fused_a_gemm on the GPU machine, measured the way models run.
+"""Decode GEMM benchmark: dsv3_router_gemm and dsv3_fused_a_gemm against every anchor, measured the way models run.
 
-  python benchmark/bench_gemm.py --json OUT.json --png OUT.png [--sglang DIR] [--ms 1-16] [--large-ms LIST]
-         [--table PATH] [--summary PATH] [--quick] [--dry-run]
+  python3 benchmark/bench_gemm.py --json OUT.json [--png OUT.png] [--sglang DIR] [--models all|NAME,...]
+         [--router E,K,out ...] [--fused-a N,K ...] [--unnamed-router E,K,out ...] [--unnamed-fused-a N,K ...]
+         [--ms 1-16] [--large-ms LIST] [--table PATH] [--summary PATH] [--quick] [--dry-run]
 
-Headline (``pattern: decode``): each GEMM follows, on the same stream inside the CUDA graph, the
-kernel that writes its activation: a PDL-unaware elementwise kernel (``plain``) and flashinfer's
-``rmsnorm(..., enable_pdl=True)`` (``pdl``, what sglang runs on Hopper); weights distinct per call
-over > 2x the 60 MB L2; per call = (producer+GEMM - producer alone) / calls (benchmark/harness.py).
-Secondary (``pattern: b2b``): back-to-back calls of one GEMM.
+Per shape and M, after each producer (``plain``: a PDL-unaware kernel, candidates launched
+without PDL; ``pdl``: flashinfer's ``rmsnorm(enable_pdl=True)``, candidates with PDL), in the
+decode-step pattern of ``slim_kernel/timing.py``:
 
-Columns: ``jit:<variant>`` every configuration of slim_kernel/jit/catalogue.py (PDL on; ``@nopdl``
-off), ``ref`` our torch backend, ``default`` the public op with nothing pinned (phase 2, after the
-routing table was regenerated from phase 1 and installed), and the anchors (benchmark/anchors.py):
-flashinfer as installed with and without PDL, sglang's JIT kernels, torch. Shapes: router E 256/384,
-fp32/bf16 out; fused-A N 2112; K 7168; M 1..16 and, past every anchor's window, the large-M list
-(jit vs torch). Prints one table per producer last: the winner and our ratio to the best anchor.
+* our candidates exactly as ``slim-kernel tune`` measures them (``slim_kernel.tune.measure``:
+  every JIT configuration, our flashinfer backend and its programs, our torch backend): these
+  columns are what the routing table is made of (``make_routing.py``), so the shipped table is
+  what ``tune`` writes on this GPU;
+* the anchors (``anchor:*``, benchmark/anchors.py): flashinfer as installed with and without PDL,
+  sglang's JIT kernels (an installed ``sglang`` or ``--sglang DIR``), torch;
+* ``default``: the public op with nothing pinned, after the table regenerated from this run's
+  candidates was installed.
+
+Shapes: every model of slim_kernel/models.py (``--models``), or the ``--router``/``--fused-a``
+ones; M 1..16 and the large-M list (past flashinfer's router and sglang's windows). The
+``--unnamed-*`` shapes are left out of the table: their ``default`` runs on the estimate, then
+``tune`` measures them and ``default_tuned`` is the default path after it. Prints one table per
+producer last: the default's choice, the best anchor and the ratio.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -32,193 +39,108 @@ from anchors import Anchors  # noqa: E402
 
 import harness as H  # noqa: E402
 
-K = 7168
-FUSED_N = 2112
-ROUTER_CASES = [(256, "float32"), (256, "bfloat16"), (384, "float32"), (384, "bfloat16")]
 LARGE_MS = [17, 20, 24, 28, 32, 40, 48, 56, 64]
-FP32_TOL, BF16_TOL = 1e-5, 5e-3
 
 
-def parse_ms(text: str) -> list[int]:
-    ms: set[int] = set()
-    for part in filter(None, text.split(",")):
-        lo, _, hi = part.partition("-")
-        ms.update(range(int(lo), int(hi or lo) + 1))
-    return sorted(ms)
+def shapes_from_args(args) -> tuple[list, list]:
+    from slim_kernel import models
+
+    named = []
+    if args.models:
+        names = list(models.MODELS) if args.models == "all" else args.models.split(",")
+        named = [s for n in names for s in models.model_shapes(n)]
+    named += [models.parse_router(t) for t in args.router] + [models.parse_fused_a(t) for t in args.fused_a]
+    unnamed = [models.parse_router(t) for t in args.unnamed_router] + \
+              [models.parse_fused_a(t) for t in args.unnamed_fused_a]
+    named = list(dict.fromkeys(named))
+    return (named[:1] if args.quick else named), unnamed
 
 
-class Case:
-    """One (op, shape): weights (rotating copies), and per M the implementations to time."""
+def measure_point(report, anchors: Anchors, shape, m: int, gen, unnamed: bool):
+    """The decode-step rows of one (shape, M); returns what phase 2 re-times."""
+    from slim_kernel import tune
+    from slim_kernel.timing import DecodeStep
 
-    def __init__(self, op: str, n: int, out_dtype: str, gen):
-        import torch
-
-        self.op, self.n, self.out_dtype = op, n, getattr(torch, out_dtype)
-        self.shape = {"e": n, "k": K, "out": out_dtype} if op.endswith("router_gemm") else {"n": n, "k": K}
-        w = torch.randn(n, K, generator=gen, device="cuda", dtype=torch.float32).to(torch.bfloat16)
-        self.bytes = w.numel() * 2
-        self.weights = H.rotating(w, H.copies_for(self.bytes, True))
-
-    def gemm_arg(self, w):  # the op's weight argument: router (E, K), fused-A (K, N) column-major
-        return w if "e" in self.shape else w.t()
-
-
-SKIP: set[str] = set()  # "op:variant" entries of --skip-variants (failed benchmark/smoke_kernels.py)
-
-
-def ours(case: Case, x, out) -> dict:
-    """jit:<variant> (PDL on and @nopdl), ref (our torch backend), fiprog:<variant>, all bound as the
-    backends run them."""
-    from slim_kernel.backends import jit as jb
-    from slim_kernel.backends import torch_ref
-    from slim_kernel.jit import catalogue as cat
-
-    prepare = jb.prepare_router if "e" in case.shape else jb.prepare_fused_a
-    m = x.shape[0]
-    impls = {}
-    for pdl, suffix in ((True, ""), (False, "@nopdl")):
-        for name, cfg in cat.VARIANTS[case.op].items():
-            if cat.variant_serves(cfg, case.op, m) and f"{case.op}:{name}" not in SKIP:
-                fn = prepare((out, x, case.gemm_arg(case.weights[0])), name, pdl)
-                impls[f"jit:{name}{suffix}"] = lambda w, fn=fn: (lambda: fn(out, x, case.gemm_arg(w)))
-    ref = getattr(torch_ref, case.op)
-    impls["ref"] = lambda w: (lambda: ref(out, x, case.gemm_arg(w)))
-    impls.update(flashinfer_programs(case, x, out))
-    return impls
+    tp = tune.Point(shape, m, gen.device, gen)
+    anchor_impls = anchors.for_shape(shape, tp)
+    anchor_impls = {n: f for n, f in anchor_impls.items() if check(report, tp, n, f)}
+    rows = []
+    for producer in ("pdl", "plain"):
+        if producer not in tp.producers:
+            continue
+        row = report.add(H.Row(shape.op, {**shape.key(), "m": m}, "cold", bytes_read=shape.n * shape.k * 2,
+                               pattern="decode", producer=producer, unnamed=unnamed))
+        row.us.update(tune.measure(tp, producer == "pdl", report.notes))
+        step = DecodeStep(tp.producers[producer], len(tp.weights))
+        for name, fn in anchor_impls.items():
+            row.us[f"anchor:{name}"] = round(step.time(tp.calls(fn)), 3)
+        rows.append(row)
+    return tp, rows
 
 
-def flashinfer_programs(case: Case, x, out) -> dict:
-    """fiprog:<variant> (PDL on and @nopdl): our flashinfer backend with a pinned program, where
-    the installed flashinfer has it (routed to as flashinfer:<variant>; not an anchor: flashinfer's
-    own call picks its program itself)."""
-    if "e" in case.shape:
-        return {}
+def check(report, tp, name: str, fn) -> bool:
+    """An anchor against float64 (poisoned output); one that fails or cannot run is noted, not timed."""
     try:
-        from slim_kernel.backends import flashinfer as fb
-    except ImportError:
-        return {}
-    from slim_kernel.names import FLASHINFER_FUSED_A_PROGRAMS as FLASHINFER_PROGRAMS
-
-    impls = {}
-    for pdl, suffix in ((True, ""), (False, "@nopdl")):
-        for name in FLASHINFER_PROGRAMS:
-            if fb.fused_a_program(name, x.shape[1], pdl) is not None:
-                fn = fb.prepare_fused_a((out, x, case.gemm_arg(case.weights[0])), name, pdl)
-                impls[f"fiprog:{name}{suffix}"] = lambda w, fn=fn: (lambda: fn(out, x, case.gemm_arg(w)))
-    return impls
-
-
-def default(case: Case, x, out):
-    import slim_kernel as sk
-
-    if "e" in case.shape:
-        return lambda w: (lambda: sk.dsv3_router_gemm(x, w, case.out_dtype, output=out))
-    return lambda w: (lambda: sk.dsv3_fused_a_gemm(x, w.t(), output=out))
-
-
-def default_choice(case: Case, x, out, pdl: bool) -> str:
-    """What the default path runs in a launch context (slim_kernel.pdl: after a PDL-aware
-    producer under capture, or eager, ``pdl`` is True; after a plain producer False)."""
-    import torch
-
-    import slim_kernel.ops  # noqa: F401  (registers the ops' backends)
-    from slim_kernel import registry
-
-    args = (out, x, case.gemm_arg(case.weights[0]))
-    sel = registry.select(case.op, x.device, args, pdl=pdl)
-    dec = registry.decision(case.op, torch.device("cuda", x.device.index or 0), args, pdl)
-    best = dec.point.best(sel.spec.backend.value) if dec else None
-    return f"{sel.spec.backend.value}:{best[0]}" if best and best[0] else sel.spec.backend.value
-
-
-def check(report, case: Case, m: int, name: str, make, x, out, producer) -> bool:
-    """One call against float64 with a poisoned output; a wrong implementation is not timed."""
-    import torch
-
-    out.fill_(float("nan"))
-    try:
-        producer()
-        res = make(case.weights[0])()
-        torch.cuda.synchronize()
-    except Exception as exc:  # noqa: BLE001 - an anchor that cannot run this shape: note it, go on
-        report.notes.append(f"{case.op} {case.shape} M={m} {name} failed: {type(exc).__name__}: {exc}; not timed")
+        err = tp.error(fn)
+    except Exception as exc:  # noqa: BLE001 - an anchor that cannot run this shape
+        report.notes.append(f"{tp.shape.label()} M={tp.m} anchor {name} failed: {type(exc).__name__}: {exc}")
         return False
-    res = res if isinstance(res, torch.Tensor) else out
-    ref = x.double() @ case.weights[0].double().t()
-    err = ((res.double() - ref).norm() / ref.norm()).item()
-    tol = FP32_TOL if res.dtype == torch.float32 else BF16_TOL
-    report.checks[f"{case.op} {case.shape} M={m} {name}"] = err
-    if not err <= tol:
-        report.notes.append(f"WRONG RESULT {case.op} {case.shape} M={m} {name}: rel err {err:.3g} > {tol}; not timed")
+    if not err <= tp.tolerance():
+        report.notes.append(f"WRONG RESULT {tp.shape.label()} M={tp.m} anchor {name}: rel err {err:.3g}; not timed")
         return False
     return True
 
 
-def measure_case(report, anchors: Anchors, case: Case, ms: list[int], gen, large: bool) -> list[tuple]:
-    """Phase 1 rows of one case; returns the (case, m, x, out, producers) phase 2 re-times."""
-    import torch
+def default_call(tp):
+    import slim_kernel as sk
 
-    done = []
-    for m in ms:
-        x = torch.empty(m, K, device="cuda", dtype=torch.bfloat16)
-        out = torch.empty(m, case.n, device="cuda", dtype=case.out_dtype)
-        producers = anchors.producers(x, gen)
-        impls = ours(case, x, out)
-        impls.update(anchors.router(case.n, case.out_dtype, x, out) if "e" in case.shape else anchors.fused_a(x, out))
-        impls = {n: f for n, f in impls.items() if check(report, case, m, n, f, x, out, producers["plain"])}
-        shape = {**case.shape, "m": m}
-        for producer, produce in producers.items():
-            if large and producer != "plain":
-                continue
-            row = report.add(H.Row(case.op, shape, "cold", bytes_read=case.bytes, pattern="decode", producer=producer))
-            for name, make in impls.items():
-                if producer == "pdl" and name.endswith("@nopdl"):
-                    continue
-                row.us[name] = H.time_decode_step(produce, [make(w) for w in case.weights])
-        if not large:
-            row = report.add(H.Row(case.op, shape, "cold", bytes_read=case.bytes, pattern="b2b"))
-            for name, make in impls.items():
-                if not name.endswith("@nopdl") and name != "ref":
-                    row.us[name] = H.time_graph([make(w) for w in case.weights])
-        done.append((case, m, x, out, producers))
-    return done
+    x, out = tp.x, tp.out
+    if tp.shape.op == "dsv3_router_gemm":
+        return lambda out_, x_, w: sk.dsv3_router_gemm(x, w, tp.out_dtype, output=out)
+    return lambda out_, x_, w: sk.dsv3_fused_a_gemm(x, w, output=out)
 
 
-def measure_default(report, measured: list[tuple]) -> None:
-    """Phase 2: the public op with nothing pinned, routed by the table regenerated from phase 1."""
-    rows = {}
-    for r in report.rows:
-        rows.setdefault((r.op, json.dumps(r.shape, sort_keys=True)), []).append(r)
-    for case, m, x, out, producers in measured:
+def default_choice(tp, pdl: bool) -> str:
+    """What the default path runs in a launch context, and from which source."""
+    import slim_kernel.ops  # noqa: F401  (registers the ops' backends)
+    from slim_kernel import registry
+
+    sel = registry.select(tp.shape.op, tp.x.device, tp.args(), pdl=pdl)
+    dec = registry.decision(tp.shape.op, tp.x.device, tp.args(), pdl)
+    best = dec.point.best(sel.spec.backend.value) if dec else None
+    name = f"{sel.spec.backend.value}:{best[0]}" if best and best[0] else sel.spec.backend.value
+    return f"{name} ({dec.source if dec else 'priority'})"
+
+
+def measure_default(report, measured: list, column: str = "default") -> None:
+    """Phase 2: the public op with nothing pinned, as routed now."""
+    from slim_kernel.timing import DecodeStep
+
+    for tp, rows in measured:
         try:
-            make = default(case, x, out)
-            for r in rows[(case.op, json.dumps({**case.shape, "m": m}, sort_keys=True))]:
-                r.choice = {"default": default_choice(case, x, out, r.producer != "plain")}
-                calls = [make(w) for w in case.weights]
-                r.us["default"] = (H.time_decode_step(producers[r.producer], calls) if r.pattern == "decode"
-                                   else H.time_graph(calls))
+            call = default_call(tp)
+            for r in rows:
+                r.choice[column] = default_choice(tp, r.producer == "pdl")
+                r.us[column] = round(DecodeStep(tp.producers[r.producer], len(tp.weights)).time(tp.calls(call)), 3)
         except Exception as exc:  # noqa: BLE001 - keep phase 1's rows; say what failed
-            report.notes.append(f"default path {case.op} {case.shape} M={m} failed: {type(exc).__name__}: {exc}")
+            report.notes.append(f"default path {tp.shape.label()} M={tp.m} failed: {type(exc).__name__}: {exc}")
 
 
-def install_table(report, table_path: Path | None) -> dict:
-    """Regenerate the routing table from this run's rows into the installed package (and --table)."""
+def install_table(data: dict, table_path: Path | None) -> None:
+    """Regenerate the routing table from this run's named shapes into the installed package."""
     from slim_kernel import routing
 
     installed = Path(routing.__file__).resolve().parent / routing.TABLES / "routing_sm90.json"
     old = json.loads(installed.read_text()) if installed.exists() else None
-    table = make_routing.build_table([report_dict(report)], old, "benchmark/bench_gemm.py (this run)")
+    table = make_routing.build_table([data], old, "benchmark/bench_gemm.py (this run)")
     installed.parent.mkdir(parents=True, exist_ok=True)
     installed.write_text(make_routing.dumps_table(table))
     if table_path is not None:
         table_path.write_text(make_routing.dumps_table(table))
     routing.reload()
-    return table
 
 
 def report_dict(report) -> dict:
-    from dataclasses import asdict
-
     return asdict(report)
 
 
@@ -229,67 +151,91 @@ def print_tables(data: dict) -> None:
             continue
         print(f"\ndecode step, {producer} producer (us per call net of the producer; flashinfer "
               f"{data['versions'].get('flashinfer')}):")
-        print(f"{'case':<30}{'M':>3}  {'default (choice)':<30}{'best anchor':<28}{'ratio':>6}  winner")
+        print(f"{'case':<28}{'M':>3}  {'default (choice)':<34}{'best anchor':<28}{'ratio':>6}  winner")
         for r in rows:
             case = r["op"].removeprefix("dsv3_").removesuffix("_gemm") + " " + " ".join(
-                f"{k}={v}" for k, v in r["shape"].items())
+                f"{k}={v}" for k, v in r["shape"].items()) + (" *" if r.get("unnamed") else "")
             win = make_routing.winner(r["ratio"], r["best_anchor"])
-            print(f"{case:<30}{r['m']:>3}  {r['ours_us']:>6.2f} ({r['backend'][:21]:<21}) "
-                  f"{r['best_anchor_us']:>6.2f} {r['best_anchor'][:20]:<20}{r['ratio']:>6.2f}  {win}")
-
-
-def _case_key(r) -> tuple:
-    return r.op, tuple((k, v) for k, v in r.shape.items() if k != "m")
+            tuned = f" tuned {r['tuned_ratio']:.2f}" if r.get("tuned_ratio") else ""
+            print(f"{case:<28}{r['m']:>3}  {r['ours_us']:>6.2f} ({r['backend'][:25]:<25}) "
+                  f"{r['best_anchor_us']:>6.2f} {r['best_anchor'][:20]:<20}{r['ratio']:>6.2f}  {win}{tuned}")
 
 
 def plot(report, path: str) -> None:
-    """One panel per case and producer: the default path, our configurations and the anchors vs M."""
-    names = sorted({n for r in report.rows for n in r.us if not n.endswith("@nopdl")})
-    groups = []
-    for key in dict.fromkeys(_case_key(r) for r in report.rows):
-        for prod in ("plain", "pdl"):
-            title = f"{key[0].removeprefix('dsv3_')} {dict(key[1])} decode, {prod} producer"
-            groups.append((title, lambda r, key=key, prod=prod: _case_key(r) == key and r.pattern == "decode"
-                           and r.producer == prod))
-    H.plot(report, path, groups, names)
+    """A grid: one row per shape, the plain and PDL-aware producer side by side; the default path,
+    our best candidate and every anchor vs M, with the floors."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    keys = list(dict.fromkeys((r.op, json.dumps({k: v for k, v in r.shape.items() if k != "m"})) for r in report.rows))
+    fig, axes = plt.subplots(len(keys), 2, figsize=(13, 3.2 * len(keys)), squeeze=False)
+    for (op, shape), ax_row in zip(keys, axes):
+        for ax, producer in zip(ax_row, ("plain", "pdl")):
+            rows = sorted((r for r in report.rows if r.op == op and r.producer == producer
+                           and json.dumps({k: v for k, v in r.shape.items() if k != "m"}) == shape),
+                          key=lambda r: r.shape["m"])
+            if not rows:
+                ax.axis("off")
+                continue
+            ms = [r.shape["m"] for r in rows]
+            names = sorted({n for r in rows for n in r.us if n.startswith(("anchor:", "default"))})
+            ours = [min((v for n, v in r.us.items() if ":" in n and not n.startswith("anchor:")), default=None)
+                    for r in rows]
+            for name in names:
+                ax.plot(ms, [r.us.get(name, float("nan")) for r in rows], marker="o", ms=2.5,
+                        lw=2 if name.startswith("default") else 1, label=name.removeprefix("anchor:"))
+            ax.plot(ms, [float("nan") if v is None else v for v in ours], "k:", lw=1, label="best of ours")
+            ax.plot(ms, [r.hbm_floor_us + r.launch_floor_us for r in rows], "k-.", lw=0.8, label="HBM + launch floor")
+            ax.set_title(f"{op.removeprefix('dsv3_')} {shape} ({producer} producer)", fontsize=8)
+            ax.set_xlabel("M")
+            ax.set_ylabel("us per call")
+            ax.set_ylim(bottom=0)
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=5, ncol=2, loc="upper left")
+    fig.suptitle(f"{report.device}: decode step, cold weights; flashinfer {report.versions.get('flashinfer')}",
+                 fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
 
 
-def dry_run(report) -> None:
-    """CPU: fake rows for the plumbing (routing table, summary, JSON, PNG, tables)."""
-    report.versions["flashinfer"] = "0.0-dry"
-    for op, shapes in (("dsv3_router_gemm", [{"e": 256, "k": K, "out": "float32"}]),
-                       ("dsv3_fused_a_gemm", [{"n": FUSED_N, "k": K}])):
-        for shape in shapes:
-            for m in (1, 2, 16):
-                for producer in ("plain", "pdl"):
-                    row = report.add(H.Row(op, {**shape, "m": m}, "cold", pattern="decode", producer=producer,
-                                           bytes_read=3 << 20))
-                    row.us = {"jit:skinny": 4.0 + m * 0.1, "jit:skinny@nopdl": 4.5, "flashinfer": 3.0 + m * 0.2,
-                              "flashinfer_pdl": 2.9 + m * 0.2, "ref": 9.0, "torch": 7.0, "default": 2.95 + m * 0.1}
-                    row.choice = {"default": "flashinfer"}
+def run_unnamed_tune(report, measured: list, unnamed: list, ms: list[int]) -> None:
+    """``slim-kernel tune`` on the unnamed shapes (what a user of such a model would run), then
+    the default path again (``default_tuned``)."""
+    from slim_kernel import tune
+
+    start = time.perf_counter()
+    path, _, notes = tune.tune(unnamed, ms, progress=False)
+    report.notes += [f"tune (unnamed shapes): {n}" for n in notes]
+    report.notes.append(f"tune of the unnamed shapes at M {ms[0]}-{ms[-1]}: {time.perf_counter() - start:.0f} s, "
+                        f"table {path.name}")
+    measure_default(report, [(tp, rows) for tp, rows in measured if rows and rows[0].unnamed], "default_tuned")
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", required=True)
     ap.add_argument("--png")
-    ap.add_argument("--sglang", default=os.environ.get("SLIM_SGLANG_ANCHORS"), help="sglang_jit directory (anchors)")
-    ap.add_argument("--ms", default="1-16", help="M values of the decode and back-to-back tables")
+    ap.add_argument("--sglang", help="a directory holding sglang's JIT kernels (else an installed sglang)")
+    ap.add_argument("--models", default="all", help="'all', model names (comma-separated) or '' for none")
+    ap.add_argument("--router", action="append", default=[], metavar="E,K,out")
+    ap.add_argument("--fused-a", action="append", default=[], metavar="N,K")
+    ap.add_argument("--unnamed-router", action="append", default=[], metavar="E,K,out")
+    ap.add_argument("--unnamed-fused-a", action="append", default=[], metavar="N,K")
+    ap.add_argument("--ms", default="1-16", help="M values of the decode tables")
     ap.add_argument("--large-ms", default=",".join(map(str, LARGE_MS)), help="M past the anchors' window ('' for none)")
-    ap.add_argument("--ops", default="router,fused_a")
     ap.add_argument("--table", help="also write the regenerated routing table here")
     ap.add_argument("--summary", help="also write decode_step_summary.json here (rows of other versions kept)")
-    ap.add_argument("--quick", action="store_true", help="M 1,8,16 and one router case")
-    ap.add_argument("--skip-variants", help="file of op:variant lines not to time (benchmark/smoke_kernels.py)")
+    ap.add_argument("--quick", action="store_true", help="M 1,8,16 and the first shape")
     ap.add_argument("--dry-run", action="store_true", help="no GPU: fake timings, for the report plumbing")
     args = ap.parse_args(argv)
-    if args.skip_variants and Path(args.skip_variants).exists():
-        SKIP.update(Path(args.skip_variants).read_text().split())
+    from slim_kernel.tune import parse_ms
+
+    named, unnamed = shapes_from_args(args)
     if args.dry_run:
-        report = H.Report(command="bench_gemm.py --dry-run", device="dry-run", torch="-", hbm_read_GBps=4000.0,
-                          launch_floor_us=0.9)
-        t0 = time.time()
-        dry_run(report)
+        report, t0 = dry_run(named), time.time()
     else:
         import torch
 
@@ -298,21 +244,19 @@ def main(argv=None) -> int:
         from slim_kernel import __version__
 
         report.versions = {**anchors.versions(), "slim_kernel": __version__}
-        report.notes += [f"skipped (failed the smoke test): {v}" for v in sorted(SKIP)]
         ms = [1, 8, 16] if args.quick else parse_ms(args.ms)
-        large = [] if args.quick else parse_ms(args.large_ms)
-        router_cases = ROUTER_CASES[:1] if args.quick else ROUTER_CASES
-        anchors.warm_sglang([(e, getattr(torch, dt)) for e, dt in router_cases], FUSED_N, K)
+        large = [] if args.quick or not args.large_ms else parse_ms(args.large_ms)
+        anchors.warm_sglang(named + unnamed)
         gen = torch.Generator(device="cuda").manual_seed(0)
-        cases = ([Case("dsv3_router_gemm", e, dt, gen) for e, dt in router_cases] if "router" in args.ops else []) + \
-                ([Case("dsv3_fused_a_gemm", FUSED_N, "bfloat16", gen)] if "fused_a" in args.ops else [])
         measured = []
-        for case in cases:
-            measured += measure_case(report, anchors, case, ms, gen, large=False)
-            measured += measure_case(report, anchors, case, large, gen, large=True)
+        for shape in named + unnamed:
+            for m in sorted(set(ms + large)):
+                measured.append(measure_point(report, anchors, shape, m, gen, shape in unnamed and shape not in named))
         Path(args.json).write_text(json.dumps(report_dict(report), indent=1))  # phase 1, should phase 2 fail
-        install_table(report, Path(args.table) if args.table else None)
+        install_table(report_dict(report), Path(args.table) if args.table else None)
         measure_default(report, measured)
+        if unnamed:
+            run_unnamed_tune(report, measured, unnamed, ms)
     report.seconds = time.time() - t0
     data = report_dict(report)
     Path(args.json).write_text(json.dumps(data, indent=1))
@@ -326,6 +270,22 @@ def main(argv=None) -> int:
     print_tables(data)
     print(f"\n{len(report.rows)} rows in {report.seconds:.0f} s -> {args.json}")
     return 0
+
+
+def dry_run(shapes) -> H.Report:
+    """CPU: fake rows for the plumbing (routing table, summary, JSON, PNG, tables)."""
+    report = H.Report(command="python3 benchmark/bench_gemm.py --dry-run", device="dry-run", torch="-",
+                      hbm_read_GBps=4000.0, launch_floor_us=0.9, sms=132)
+    report.versions["flashinfer"] = "0.0-dry"
+    for shape in shapes[:2]:
+        for m in (1, 2, 16):
+            for producer in ("plain", "pdl"):
+                row = report.add(H.Row(shape.op, {**shape.key(), "m": m}, "cold", pattern="decode",
+                                       producer=producer, bytes_read=shape.n * shape.k * 2))
+                row.us = {"jit:skinny": 4.0 + m * 0.1, "flashinfer": 3.0 + m * 0.2, "torch": 9.0,
+                          "anchor:flashinfer": 3.0 + m * 0.2, "anchor:torch": 7.0, "default": 2.95 + m * 0.1}
+                row.choice = {"default": "flashinfer (shipped)"}
+    return report
 
 
 if __name__ == "__main__":

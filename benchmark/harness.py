@@ -1,17 +1,8 @@
-"""One timing harness for every slim-kernel op benchmark (GPU machine only).
+"""The benchmarks' report plumbing and floors (GPU machine only).
 
-Two patterns, both CUDA graphs of CALLS calls with the weights rotating over enough copies that
-the bytes touched between two uses of a copy exceed the L2 (cold), or one weight buffer (hot):
-
-* decode step (the headline, :func:`time_decode_step`): each GEMM follows, on the same stream
-  inside the graph, the kernel that writes its activation (the producer); per call =
-  (median replay of producer+GEMM pairs - median replay of the producers alone) / CALLS, the two
-  graphs replayed alternately so drift hits both;
-* back to back (:func:`time_graph`): CALLS calls of one GEMM; with PDL each call's prologue
-  overlaps the previous call of the same kernel, which no model does (secondary).
-
-Each replay is timed with CUDA events; REPS replays, the median is reported. Every table also
-carries, measured in the same run:
+The timing itself is the package's (``slim_kernel/timing.py``: the decode-step pattern that
+``slim-kernel tune`` measures too; back-to-back graphs): this module re-exports it and adds what
+a benchmark report carries besides, measured in the same run:
   * the HBM floor: bytes an op must read / the read bandwidth of a large torch sum;
   * the graph launch floor: the same graph of a one-element kernel (per-node launch cost).
 """
@@ -19,7 +10,6 @@ carries, measured in the same run:
 from __future__ import annotations
 
 import json
-import platform
 import statistics
 import sys
 import time
@@ -28,73 +18,11 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-L2_ROTATE_BYTES = 160 << 20  # > 2.5x the H200's 60 MB L2 between two uses of a weight copy
-CALLS = 48  # calls per captured graph
-REPS = 15  # timed replays; the median is reported
-WARMUP = 3
+from slim_kernel.timing import CALLS, REPS, copies_for, rotate_bytes, rotating, time_decode_step, time_graph  # noqa: F401
 
 
 def device_name() -> str:
     return torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
-
-
-def copies_for(nbytes: int, cold: bool) -> int:
-    """How many weight copies a rotation needs so each copy is evicted before its reuse."""
-    return max(2, -(-L2_ROTATE_BYTES // max(nbytes, 1))) if cold else 1
-
-
-def rotating(tensor: torch.Tensor, copies: int) -> list[torch.Tensor]:
-    """``copies`` distinct buffers with ``tensor``'s values (the first is ``tensor`` itself)."""
-    return [tensor] + [tensor.clone() for _ in range(copies - 1)]
-
-
-def _capture(seq: list[Callable[[], None]]) -> torch.cuda.CUDAGraph:
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for fn in dict.fromkeys(seq):  # eager warm-up: compiles, plans, flashinfer/cuBLAS heuristics
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for fn in seq:
-            fn()
-    for _ in range(WARMUP):
-        graph.replay()
-    return graph
-
-
-def _replay_ms(graphs: list[torch.cuda.CUDAGraph], reps: int) -> list[list[float]]:
-    """Replay the graphs alternately, ``reps`` rounds; milliseconds per replay of each graph."""
-    events = [[(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in graphs]
-              for _ in range(reps)]
-    for rnd in events:
-        for graph, (start, end) in zip(graphs, rnd):
-            start.record()
-            graph.replay()
-            end.record()
-    torch.cuda.synchronize()
-    return [[rnd[i][0].elapsed_time(rnd[i][1]) for rnd in events] for i in range(len(graphs))]
-
-
-def time_graph(calls: list[Callable[[], None]], *, reps: int = REPS) -> float:
-    """Median microseconds per call of ``calls`` (run in order, cycled to CALLS) replayed in a graph."""
-    seq = [calls[i % len(calls)] for i in range(max(CALLS, len(calls)))]
-    graph = _capture(seq)
-    (ms,) = _replay_ms([graph], reps)
-    del graph
-    return statistics.median(ms) * 1e3 / len(seq)
-
-
-def time_decode_step(producer: Callable[[], None], calls: list[Callable[[], None]], *, reps: int = REPS) -> float:
-    """Median microseconds per GEMM call net of its producer: ``producer(); calls[i]()`` pairs vs producers alone."""
-    n = max(CALLS, len(calls))
-    pairs = _capture([fn for i in range(n) for fn in (producer, calls[i % len(calls)])])
-    alone = _capture([producer] * n)
-    with_gemm, without = _replay_ms([pairs, alone], reps)
-    del pairs, alone
-    return (statistics.median(with_gemm) - statistics.median(without)) * 1e3 / n
 
 
 def hbm_read_bandwidth(nbytes: int = 2 << 30, reps: int = 10) -> float:
@@ -133,6 +61,7 @@ class Row:
     bytes_read: int = 0
     hbm_floor_us: float = 0.0
     launch_floor_us: float = 0.0
+    unnamed: bool = False  # a shape no table names: its default runs on the estimate (bench_gemm.py)
 
 
 @dataclass
@@ -147,6 +76,7 @@ class Report:
     checks: dict[str, float] = field(default_factory=dict)  # "what" -> relative error vs float64
     seconds: float = 0.0
     versions: dict[str, str] = field(default_factory=dict)  # flashinfer, sglang anchors, slim-kernel
+    sms: int = 0
 
     def add(self, row: Row) -> Row:
         row.hbm_floor_us = row.bytes_read / (self.hbm_read_GBps * 1e9) * 1e6
@@ -159,14 +89,32 @@ class Report:
             json.dump(asdict(self), f, indent=1)
 
 
+def command_line() -> str:
+    """This process's command as a user would type it: ``python3 benchmark/<script> ...`` with any
+    absolute path reduced to its last component (a path of the machine that ran it means nothing
+    to a reader)."""
+    import os
+
+    def clean(arg: str) -> str:
+        if "=" in arg and arg.startswith("--"):
+            key, _, value = arg.partition("=")
+            return f"{key}={clean(value)}"
+        return os.path.basename(arg.rstrip("/")) if os.path.isabs(arg) else arg
+
+    script = sys.argv[0]
+    here = os.path.relpath(os.path.abspath(script), os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    return " ".join(["python3", here, *(clean(a) for a in sys.argv[1:])])
+
+
 def start_report() -> tuple[Report, float]:
     t0 = time.time()
     bw = hbm_read_bandwidth()
     floor = graph_launch_floor()
-    report = Report(command=" ".join([sys.executable.rsplit("/", 1)[-1], *sys.argv]), device=device_name(),
-                    torch=torch.__version__, hbm_read_GBps=bw / 1e9, launch_floor_us=floor)
-    report.notes.append(f"host {platform.node()}; {CALLS} calls per graph, median of {REPS} replays; cold = "
-                        f"weights rotated over >= {L2_ROTATE_BYTES >> 20} MiB of copies")
+    props = torch.cuda.get_device_properties(torch.cuda.current_device())
+    report = Report(command=command_line(), device=device_name(), torch=torch.__version__, hbm_read_GBps=bw / 1e9,
+                    launch_floor_us=floor, sms=props.multi_processor_count)
+    report.notes.append(f"{CALLS} calls per graph, median of {REPS} replays; cold = weights rotated over "
+                        f">= {rotate_bytes() >> 20} MiB of copies (more than twice the {props.L2_cache_size >> 20} MiB L2)")
     return report, t0
 
 

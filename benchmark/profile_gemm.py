@@ -18,8 +18,9 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import bench_gemm as B  # noqa: E402
 from anchors import Anchors  # noqa: E402
+
+from slim_kernel import models, tune  # noqa: E402
 
 REPEATS = 2
 METRICS = ",".join([
@@ -40,21 +41,22 @@ METRICS = ",".join([
     "smsp__warps_active.avg.pct_of_peak_sustained_active", "l1tex__t_sector_hit_rate.pct",
     "sm__cycles_active.avg", "gpc__cycles_elapsed.max",
 ])
-DEFAULT_CASES = ["fused_a@1,16", "router:256@1,16"]
+DEFAULT_CASES = ["fused_a@1,16", "router:256@1,16"]  # parse_case
 
 
-def parse_case(text: str) -> tuple[str, int, str, list[int]]:
-    """``fused_a@1,8,16`` / ``router:384[:bfloat16]@4,8`` -> (op, N or E, out dtype, Ms)."""
+def parse_case(text: str) -> tuple[models.Shape, list[int]]:
+    """``fused_a[:N,K]@1,8,16`` / ``router:E[,K[,out]]@4,8`` -> (shape, Ms); N,K default to 2112,7168,
+    the router's K to 7168 and its output to float32."""
     what, _, ms = text.partition("@")
-    parts = what.split(":")
-    if parts[0] == "fused_a" and len(parts) == 1:
-        return "dsv3_fused_a_gemm", B.FUSED_N, "bfloat16", B.parse_ms(ms or "1")
-    if parts[0] == "router" and len(parts) in (2, 3) and parts[1].isdigit():
-        out = parts[2] if len(parts) == 3 else "float32"
-        if out not in ("float32", "bfloat16"):
-            raise ValueError(f"--case {text!r}: out dtype must be float32 or bfloat16")
-        return "dsv3_router_gemm", int(parts[1]), out, B.parse_ms(ms or "1")
-    raise ValueError(f"--case {text!r}: expected fused_a@MS or router:E[:OUT]@MS")
+    kind, sep, spec = what.partition(":")
+    if kind == "fused_a":
+        return models.parse_fused_a(spec if sep else "2112,7168"), tune.parse_ms(ms or "1")
+    if kind == "router" and sep:
+        parts = spec.split(",")
+        if len(parts) == 1:
+            parts.append("7168")
+        return models.parse_router(",".join(parts)), tune.parse_ms(ms or "1")
+    raise ValueError(f"--case {text!r}: expected fused_a[:N,K]@MS or router:E[,K[,out]]@MS")
 
 
 def main() -> int:
@@ -62,7 +64,8 @@ def main() -> int:
     ap.add_argument("--sglang")
     ap.add_argument("--case", action="append", help="fused_a@1,8,16 or router:E[:OUT]@4,8 (repeatable; default: "
                     + " ".join(DEFAULT_CASES) + ")")
-    ap.add_argument("--impls", default="", help="comma-separated column names (default: all but @nopdl and ref)")
+    ap.add_argument("--impls", default="", help="comma-separated names (jit:<variant>, flashinfer, torch, "
+                                                 "anchor:<name>, producer:<plain|pdl>; default: all)")
     ap.add_argument("--metrics", action="store_true", help="print the metric list for ncu and exit")
     args = ap.parse_args()
     if args.metrics:
@@ -71,29 +74,24 @@ def main() -> int:
     notes: list[str] = []
     anchors = Anchors(notes, args.sglang)
     gen = torch.Generator(device="cuda").manual_seed(1)
-    specs = [parse_case(c) for c in args.case or DEFAULT_CASES]
-    cases = [(B.Case(op, n, out, gen), ms) for op, n, out, ms in specs]
-    anchors.warm_sglang([(n, getattr(torch, out)) for op, n, out, _ in specs if op == "dsv3_router_gemm"], B.FUSED_N, B.K)
+    cases = [parse_case(c) for c in args.case or DEFAULT_CASES]
+    anchors.warm_sglang([shape for shape, _ in cases])
     plan = []
-    for case, ms in cases:
+    for shape, ms in cases:
         for m in ms:
-            x = torch.randn(m, B.K, generator=gen, device="cuda").to(torch.bfloat16)
-            out = torch.empty(m, case.n, device="cuda", dtype=case.out_dtype)
-            impls = B.ours(case, x, out)
-            impls["default"] = B.default(case, x, out)
-            impls.update(anchors.router(case.n, case.out_dtype, x, out) if "e" in case.shape
-                         else anchors.fused_a(x, out))
+            tp = tune.Point(shape, m, gen.device, gen)
+            impls = {**tune.candidates(tp, True), **{f"anchor:{k}": v for k, v in anchors.for_shape(shape, tp).items()}}
             # The producers too (`producer:pdl` = the RMSNorm the decode step runs before the GEMM):
             # their launch resources decide what of ours fits beside them on an SM.
-            for k, produce in anchors.producers(x, gen).items():
-                impls[f"producer:{k}"] = lambda w, produce=produce: produce
-            wanted = [n for n in args.impls.split(",") if n] or [n for n in impls if "@" not in n and n != "ref"]
+            for k, produce in tp.producers.items():
+                impls[f"producer:{k}"] = lambda *_, produce=produce: produce()
+            wanted = [n for n in args.impls.split(",") if n] or list(impls)
             for name in wanted:
                 if name in impls:
-                    calls = [impls[name](w) for w in case.weights[:REPEATS]]
+                    calls = tp.calls(impls[name])[:REPEATS]
                     for call in calls:
                         call()  # warm-up: compile, plan, autotune outside the profiled range
-                    plan.append((f"{case.op} {case.shape} M={m} {name}", calls))
+                    plan.append((f"{shape.label()} M={m} {name}", calls))
     torch.cuda.synchronize()
     torch.cuda.profiler.start()
     for label, calls in plan:

@@ -172,8 +172,9 @@ def _not_faked(*args, **kwargs):
     raise NotImplementedError("not part of the fake")
 
 
-mm_M1_16_K7168_N256 = mm_M1_16_K7168_N256_bf16 = _not_faked
-mm_M1_16_K7168_N384 = mm_M1_16_K7168_N384_bf16 = tinygemm_bf16 = _not_faked
+mm_M1_16_K7168_N256 = mm_M1_16_K7168_N256_bf16 = mm_M1_16_K6144_N256 = mm_M1_16_K7168_N128 = _not_faked
+mm_M1_16_K7168_N384 = mm_M1_16_K7168_N384_bf16 = mm_M1_16_K7168_N896 = mm_M1_16_K7168_N896_bf16 = _not_faked
+tinygemm_bf16 = _not_faked
 '''
 
 

@@ -1,15 +1,11 @@
-"""The benchmark helpers that need no GPU: profile_gemm's case specs, trim_bundle's wheel rewrite and
-pm_series' reading of an ncu PM-sampling raw page."""
+"""The benchmark helpers that need no GPU: profile_gemm's case specs and pm_series' reading of an ncu
+PM-sampling raw page."""
 
 from __future__ import annotations
 
-import base64
 import csv
-import hashlib
-import io
 import json
 import sys
-import zipfile
 from pathlib import Path
 
 import pytest
@@ -17,46 +13,19 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmark"))
 import pm_series  # noqa: E402
 import profile_gemm  # noqa: E402
-import trim_bundle  # noqa: E402
 
 
 def test_profile_cases_parse_and_reject():
-    assert profile_gemm.parse_case("fused_a@1,8,16") == ("dsv3_fused_a_gemm", 2112, "bfloat16", [1, 8, 16])
-    assert profile_gemm.parse_case("router:384@4,8") == ("dsv3_router_gemm", 384, "float32", [4, 8])
-    assert profile_gemm.parse_case("router:256:bfloat16@9-11") == ("dsv3_router_gemm", 256, "bfloat16", [9, 10, 11])
-    for bad, match in [("router@1", "expected"), ("fused_a:3@1", "expected"), ("router:x@1", "expected"),
-                       ("router:384:half@1", "float32 or bfloat16"), ("bmm@1", "expected")]:
+    from slim_kernel import models
+
+    assert profile_gemm.parse_case("fused_a@1,8,16") == (models.fused_a(2112, 7168), [1, 8, 16])
+    assert profile_gemm.parse_case("fused_a:3648,7168@4") == (models.fused_a(3648, 7168), [4])
+    assert profile_gemm.parse_case("router:384@4,8") == (models.router(384, 7168, "float32"), [4, 8])
+    assert profile_gemm.parse_case("router:256,6144,bf16@9-11") == (models.router(256, 6144, "bfloat16"), [9, 10, 11])
+    for bad, match in [("router@1", "expected"), ("fused_a:3@1", "N,K"), ("router:x@1", "E,K"),
+                       ("router:384,7168,half@1", "float32 or bfloat16"), ("bmm@1", "expected")]:
         with pytest.raises(ValueError, match=match):
             profile_gemm.parse_case(bad)
-
-
-def _wheel(path: Path, members: dict[str, bytes]) -> None:
-    with zipfile.ZipFile(path, "w") as z:
-        for name, data in members.items():
-            z.writestr(name, data)
-        z.writestr("pkg-1.0.dist-info/RECORD", "stale,,\n")
-
-
-def test_trim_bundle_drops_the_prefix_and_rewrites_a_matching_record(tmp_path):
-    src, dst = tmp_path / "src", tmp_path / "dst"
-    src.mkdir()
-    members = {"flashinfer/__init__.py": b"x = 1\n", "flashinfer/moe_ep/kernel_src/a.py": b"big" * 1000,
-               "flashinfer/moe_ep/api.py": b"y = 2\n", "pkg-1.0.dist-info/METADATA": b"Name: pkg\n"}
-    _wheel(src / "flashinfer_python-1.0-py3-none-any.whl", members)
-    _wheel(src / "other-1.0-py3-none-any.whl", {"other/__init__.py": b""})
-    assert trim_bundle.main([str(src), str(dst), "flashinfer/moe_ep/kernel_src/"]) == 0
-    with zipfile.ZipFile(dst / "flashinfer_python-1.0-py3-none-any.whl") as z:
-        names = set(z.namelist())
-        record = list(csv.reader(io.StringIO(z.read("pkg-1.0.dist-info/RECORD").decode())))
-        data = {n: z.read(n) for n in names}
-    assert names == set(members) - {"flashinfer/moe_ep/kernel_src/a.py"} | {"pkg-1.0.dist-info/RECORD"}
-    listed = {row[0]: row for row in record}
-    assert set(listed) == names
-    for name in names - {"pkg-1.0.dist-info/RECORD"}:
-        digest = base64.urlsafe_b64encode(hashlib.sha256(data[name]).digest()).rstrip(b"=").decode()
-        assert listed[name][1:] == [f"sha256={digest}", str(len(data[name]))]
-    assert (dst / "other-1.0-py3-none-any.whl").read_bytes() == (src / "other-1.0-py3-none-any.whl").read_bytes()
-    assert trim_bundle.main([str(src)]) == 2  # usage
 
 
 def _pm_page(path: Path, dram: str) -> None:

@@ -265,9 +265,9 @@ def test_router_and_tinygemm_factories_bind_kernel_and_pdl(fake, monkeypatch):
     from slim_kernel.backends import flashinfer as fib
 
     seen = []
-    monkeypatch.setitem(fib.ROUTER_KERNELS, (256, torch.float32),
-                        lambda x, w, out, launch_with_pdl: seen.append(("router", x.is_contiguous(), w.shape,
-                                                                        launch_with_pdl)))
+    kernel = lambda x, w, out, launch_with_pdl: seen.append(("router", x.is_contiguous(), w.shape,  # noqa: E731
+                                                             launch_with_pdl))
+    monkeypatch.setattr(fib, "router_kernel", lambda e, k, dt: kernel if (e, k, dt) == (256, 16, torch.float32) else None)
     monkeypatch.setattr(fib, "tinygemm_bf16", lambda x, w, out, use_pdl: seen.append(("tinygemm", w.shape, use_pdl)))
     h, w, logits = torch.randn(8, 16)[::2], torch.randn(256, 16), torch.empty(4, 256)
     fib.prepare_router((logits, h, w), None, False)(logits, h, w)

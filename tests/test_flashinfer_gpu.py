@@ -4,7 +4,7 @@ bmm_fp8: the fast path is on for this flashinfer, bit-identical to
 ``flashinfer.bmm_fp8(backend="cublas")`` on the MLA shapes (its first, self-checked call and
 its plain fast-path calls), uses flashinfer's own workspace buffers, turns itself off when it
 disagrees, and under graph capture serves unverified signatures by the public call. The
-router kernels (mm_M1_16_K7168_N256/_N384[_bf16]) and tinygemm_bf16 through the ops with
+router kernels (every mm_M1_16_K{K}_N{E}[_bf16] it ships) and tinygemm_bf16 through the ops with
 backend="flashinfer" vs float64, outputs poisoned with NaN.
 """
 
@@ -19,7 +19,7 @@ import torch
 import slim_kernel as sk
 from slim_kernel import registry
 from slim_kernel.backends import flashinfer_fastpath as fp
-from slim_kernel.names import FLASHINFER_FUSED_A_PROGRAMS
+from slim_kernel.names import FLASHINFER_FUSED_A_PROGRAMS, FLASHINFER_ROUTERS
 
 from _inputs import TOL, bmm_fp8_inputs, bmm_fp8_ref, fused_a_ref, randn, rel_err, router_ref
 
@@ -157,10 +157,10 @@ def test_capture_serves_unverified_signatures_by_the_public_call(gen):
 
 
 @pytest.mark.parametrize("m", range(1, 17))
-@pytest.mark.parametrize("e", [256, 384])
-@pytest.mark.parametrize("out_dtype", [torch.float32, torch.bfloat16])
-def test_router_kernels_through_the_op(gen, m, e, out_dtype):
-    h, W = randn((m, 7168), gen, device="cuda"), randn((e, 7168), gen, device="cuda")
+@pytest.mark.parametrize("e,k,out", sorted(FLASHINFER_ROUTERS))
+def test_router_kernels_through_the_op(gen, m, e, k, out):
+    out_dtype = getattr(torch, out)
+    h, W = randn((m, k), gen, device="cuda"), randn((e, k), gen, device="cuda")
     out = torch.full((m, e), float("nan"), dtype=out_dtype, device="cuda")
     _eligible("dsv3_router_gemm", out, h, W)
     sk.dsv3_router_gemm(h, W, out_dtype, out, backend="flashinfer")
@@ -197,7 +197,7 @@ def test_pinned_tinygemm_program(gen, variant, kn, m, pdl):
         pytest.skip(f"the installed flashinfer has no {FLASHINFER_FUSED_A_PROGRAMS[variant]} program")
     a, w = randn((m, k), gen, device="cuda"), randn((n, k), gen, device="cuda")
     out = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
-    run = fb.prepare_fused_a((out, a, w.t()), "s8il", pdl)
+    run = fb.prepare_fused_a((out, a, w.t()), variant, pdl)
     run(out, a, w.t())
     torch.cuda.synchronize()
     assert rel_err(out, fused_a_ref(a, w.t())) <= TOL[torch.bfloat16]

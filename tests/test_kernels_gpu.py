@@ -2,7 +2,8 @@
 
 Every configuration the routing tables may pick (``jit/catalogue.py`` VARIANTS) against a
 float64 reference with poisoned outputs: M 1..16 every value (and 17..64 where the kernel serves
-it), E 256/384, K {1024, 4096, 7168}, N {2112, 2624}, fp32/bf16 out, PDL on and off; then
+it), every model shape of slim_kernel/models.py and shapes off that list (other E, N and K),
+fp32/bf16 out, PDL on, off and auto; then
 bit-identical repeats, CUDA-graph capture, row-strided and column-sliced activations,
 activations written by the kernel right before the GEMM, tails and odd shapes.
 """
@@ -93,10 +94,15 @@ FUSED_A_VARIANTS = list(cat.VARIANTS[FUSED_A])
 
 # ---------------------------------------------------------------- the matrix, per configuration
 
+# the models' shapes (E 128/256/384/896 at K 7168, 256 at 6144), then shapes no model names
+ROUTER_SHAPES = [(128, 7168), (256, 7168), (384, 7168), (896, 7168), (256, 6144), (160, 5120), (384, 1024),
+                 (256, 4096)]
+FUSED_A_SHAPES = [(2112, 7168), (3648, 7168), (2624, 6144), (1536, 5120), (2112, 1024), (2624, 4096)]
+
+
 @pytest.mark.parametrize("variant", ROUTER_VARIANTS)
 @pytest.mark.parametrize("out_dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
-@pytest.mark.parametrize("k", [1024, 4096, 7168])
-@pytest.mark.parametrize("e", [256, 384])
+@pytest.mark.parametrize("e,k", ROUTER_SHAPES)
 def test_router_matrix(e, k, out_dtype, variant, pdl, use_variant):
     cfg = use_variant(ROUTER, variant)
     gen = torch.Generator(device="cuda").manual_seed(e * 100003 + k)
@@ -107,8 +113,7 @@ def test_router_matrix(e, k, out_dtype, variant, pdl, use_variant):
 
 
 @pytest.mark.parametrize("variant", FUSED_A_VARIANTS)
-@pytest.mark.parametrize("k", [1024, 4096, 7168])
-@pytest.mark.parametrize("n", [2112, 2624])
+@pytest.mark.parametrize("n,k", FUSED_A_SHAPES)
 def test_fused_a_matrix(n, k, variant, pdl, use_variant):
     cfg = use_variant(FUSED_A, variant)
     gen = torch.Generator(device="cuda").manual_seed(n * 100003 + k)

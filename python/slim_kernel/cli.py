@@ -16,6 +16,7 @@ from ._version import __version__
 COMMANDS = {
     "info": ("slim_kernel.info", "show versions, devices and, per op, which backends can serve"),
     "precompile": ("slim_kernel.jit.precompile", "compile every JIT kernel instantiation into the cache"),
+    "tune": ("slim_kernel.tune", "measure the fastest path for your shapes on this GPU and route by it"),
     "audit": ("slim_kernel.audit.cli", "check wheels for retired AOT code (exit 0 clean, 1 found, 2 unreadable)"),
     "size": ("slim_kernel.audit.size_cli", "report wheel size, per-op native bytes, reduction vs a baseline"),
 }

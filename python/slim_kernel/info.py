@@ -70,43 +70,72 @@ def _meta_args(op: str, shape: dict, m: int):
     return torch.empty(m, shape["n"], dtype=torch.bfloat16, device=meta), act, w.t()
 
 
+PICK_MS = (*range(1, 17), 17, 20, 24, 28, 32, 40, 48, 56, 64)  # the M values the benchmark measures
+
+
+def _pick_shapes(device) -> list[tuple[str, dict]]:
+    """Every listed model's shapes, then any other shape a table (shipped or tuned) measured."""
+    from . import models, registry, routing
+
+    shapes = [(s.op, s.key()) for s in models.all_shapes()]
+    tables = [routing.table(registry.arch(device)),
+              routing.tuned_table(registry.routing_device(device), routing.flashinfer_version())]
+    for tab in filter(None, tables):
+        for op in (models.ROUTER, models.FUSED_A):
+            shapes += [(op, shape) for shape in tab.shapes(op)]
+    return list({json.dumps(s, sort_keys=True): s for s in shapes}.values())
+
+
+def _tune_hint(op: str, shape: dict) -> str:
+    from .names import ROUTER
+
+    arg = f"--router {shape['e']},{shape['k']},{shape['out']}" if op == ROUTER else f"--fused-a {shape['n']},{shape['k']}"
+    return f"slim-kernel tune {arg}"
+
+
 def _picks(device) -> list[dict]:
-    """What each op would run at every measured point of the device's table, and why, in each
-    launch context the PDL knob allows (auto: both; slim_kernel.pdl)."""
+    """What each op would run for every model shape and M, in each launch context the PDL knob
+    allows (auto: both; slim_kernel.pdl), which source decided it (tuned, shipped or estimate)
+    and why."""
     from . import knobs, registry, routing
 
-    tab = routing.table(registry.arch(device))
-    if tab is None:
-        return []
     contexts = (True, False) if knobs.pdl_auto() else (knobs.pdl(),)
     version, rows = routing.flashinfer_version(), []
-    seen = set()
-    for p in tab.points:
-        key = (p.op, p.shape, p.m, p.pdl)
-        if p.pdl not in contexts or key in seen:
-            continue
-        seen.add(key)
-        args = _meta_args(p.op, dict(p.shape), p.m)
-        order, _, dec = registry.ranked(p.op, device, args, p.pdl)
-        order = [s for s in order if s.probe is None or s.probe() is None]
-        if not order:
-            continue
-        spec = order[0]
-        best = dec.point.best(spec.backend.value) if dec else None
-        choice = f"{spec.backend.value}:{best[0]}" if best and best[0] else spec.backend.value
-        rows.append({"op": p.op, "shape": dict(p.shape), "m": p.m, "flashinfer": version, "pdl": p.pdl,
-                     "pick": choice, "why": registry.why(spec, dec)})
+    for op, shape in _pick_shapes(device):
+        for pdl in contexts:
+            for m in PICK_MS:
+                args = _meta_args(op, shape, m)
+                order, _, dec = registry.ranked(op, device, args, pdl)
+                order = [s for s in order if s.probe is None or s.probe() is None]
+                if not order:
+                    continue
+                spec = order[0]
+                best = dec.point.best(spec.backend.value) if dec else None
+                choice = f"{spec.backend.value}:{best[0]}" if best and best[0] else spec.backend.value
+                row = {"op": op, "shape": shape, "m": m, "flashinfer": version, "pdl": pdl, "pick": choice,
+                       "source": dec.source if dec else "priority", "estimate": bool(dec and dec.estimated),
+                       "why": registry.why(spec, dec)}
+                if row["estimate"] or dec is None:
+                    row["tune"] = _tune_hint(op, shape)
+                rows.append(row)
     return rows
 
 
-def _table_summary() -> dict:
-    from . import routing
+def _tables(device=None) -> dict:
+    from . import registry, routing
 
+    out = {}
     tab = routing.table("sm_90")
-    if tab is None:
-        return {"sm_90": None}
-    return {"sm_90": {"source": tab.source, "device": tab.device, "entries": len(tab.points),
-                      "flashinfer_versions": tab.versions, "generated_by": tab.generated_by}}
+    out["sm_90"] = None if tab is None else {
+        "source": tab.source, "device": tab.device, "sms": tab.sms, "entries": len(tab.points),
+        "flashinfer_versions": tab.versions, "generated_by": tab.generated_by}
+    if device is not None:
+        rdev = registry.routing_device(device)
+        path = routing.tuned_path(rdev, routing.flashinfer_version())
+        tuned = routing.tuned_table(rdev, routing.flashinfer_version())
+        out["tuned"] = {"path": str(path), "exists": path.exists(), "used": tuned is not None,
+                        "entries": len(tuned.points) if tuned else 0}
+    return out
 
 
 def _fast_path() -> dict:
@@ -137,7 +166,7 @@ def collect() -> tuple[dict, list[str]]:
         "knobs": knob_values,
         "errors": errors,
         "jit": runtime_info(),
-        "routing_tables": _table_summary(),
+        "routing_tables": _tables(),
         "devices": [],
     }
     for dev in devices:
@@ -150,6 +179,8 @@ def collect() -> tuple[dict, list[str]]:
                  for spec, reason in registry.explain(op, dev)]
             for op in OPS
         }
+        if dev.type == "cuda":
+            entry["routing_tables"] = _tables(dev)
         entry["picks"] = _picks(dev) if dev.type == "cuda" and not errors else []
         report["devices"].append(entry)
     return report, errors
@@ -192,15 +223,26 @@ def run(args) -> int:
             for i, row in enumerate(rows, 1):
                 state = "eligible" if row["eligible"] else f"no: {row['reason']}"
                 print(f"    {i}. {row['backend']:<10} {state}   [{row['note']}]")
+        tuned = dev.get("routing_tables", {}).get("tuned")
+        if tuned:
+            state = f"used, {tuned['entries']} points" if tuned["used"] else \
+                "present but refused (see the warning)" if tuned["exists"] else "none (`slim-kernel tune` writes it)"
+            print(f"  tuned table: {tuned['path']}: {state}")
         groups: dict = {}
         for row in dev["picks"]:
             groups.setdefault((row["op"], json.dumps(row["shape"]), row["pdl"]), []).append(row)
         if groups:
-            print("  routing (measured points; the default path runs):")
+            print("  routing (the default path per shape and M, and the source that decides it):")
         for (op, shape, pdl), rows in groups.items():
             context = "with PDL: eager, or captured after a PDL-aware kernel" if pdl else \
                 "without PDL: captured after a plain kernel"
-            print(f"    {op} {', '.join(f'{k}={v}' for k, v in json.loads(shape).items())}  [{context}]")
+            sources = sorted({r["source"] + (" (an estimate)" if r["estimate"] and r["source"] != "estimate" else "")
+                              for r in rows})
+            print(f"    {op} {', '.join(f'{k}={v}' for k, v in json.loads(shape).items())}  [{context}]  "
+                  f"source: {', '.join(sources)}")
+            hint = next((r["tune"] for r in rows if "tune" in r), None)
+            if hint:
+                print(f"      estimated, not measured on this device: `{hint}` measures it")
             for line in _ranges(sorted(rows, key=lambda r: r["m"])):
                 print(f"      {line}")
     for err in errors:

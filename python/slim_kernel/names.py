@@ -22,3 +22,17 @@ RETIRED_PATTERNS = (*OPS, "dsv3_*")
 # the backend launches it through flashinfer's registered op, and a release without that program
 # serves the public call.
 FLASHINFER_FUSED_A_PROGRAMS = {"s8il": "PACKED_S8_IL", "cn16": "ACCUMULATORS_CN16"}
+
+# flashinfer's fixed-shape router GEMMs (M 1..16; SM 9.0-10.x): (E, K, out dtype), named
+# mm_M1_16_K{K}_N{E}[_bf16] (the fp32-out name has no suffix; K7168_N128 is bf16-out only and
+# keeps the plain name). The same set in 0.7.2 - 0.7.4.
+FLASHINFER_ROUTERS = {
+    (128, 7168, "bfloat16"), (256, 7168, "float32"), (256, 7168, "bfloat16"), (256, 6144, "float32"),
+    (384, 7168, "float32"), (384, 7168, "bfloat16"), (896, 7168, "float32"), (896, 7168, "bfloat16"),
+}
+
+
+def flashinfer_router_name(e: int, k: int, out) -> str:
+    out = str(out).removeprefix("torch.")
+    bf16_suffix = out == "bfloat16" and (e, k) != (128, 7168)
+    return f"mm_M1_16_K{k}_N{e}" + ("_bf16" if bf16_suffix else "")

@@ -5,10 +5,11 @@ A :class:`KernelSpec` says which backend can serve an op, where its implementati
 calls it accepts (``check``: shape, dtype, layout). Selection is deterministic:
 
 1. a pinned ``backend=``, else ``SLIM_KERNEL_BACKEND_<OP>``: that backend or a clear error;
-2. else, among the eligible specs, the one measured fastest for this call in the committed
-   routing table of the device's arch (``routing.py``; ops register their shape key with
-   :func:`register_op`), the JIT backend with the configuration that won there;
-3. where nothing was measured, the first eligible spec in the op's priority order.
+2. else, among the eligible specs, the one fastest for this call by the routing tables
+   (``routing.py``: the device's tuned table, the shipped table of its arch, an estimate for
+   shapes neither measured; ops register their shape key with :func:`register_op`), the JIT
+   backend with the configuration fastest there;
+3. where no table says anything, the first eligible spec in the op's priority order.
 
 A spec whose implementation fails to load (no flashinfer, no CUDA compiler, a broken install)
 is skipped with one warning, unless pinned. A spec's ``target`` is either the implementation
@@ -39,6 +40,7 @@ __all__ = [
     "register_op",
     "select",
     "explain",
+    "load",
 ]
 
 
@@ -141,6 +143,17 @@ def arch(device: torch.device) -> str:
     return f"sm_{major}{minor}"
 
 
+@functools.cache
+def _routing_device(index: int) -> routing.Device:
+    props = torch.cuda.get_device_properties(index)
+    return routing.Device(props.name, props.multi_processor_count, f"sm_{props.major}{props.minor}")
+
+
+def routing_device(device: torch.device) -> routing.Device:
+    """The GPU as the routing tables key it (name, SM count, arch)."""
+    return _routing_device(device.index if device.index is not None else torch.cuda.current_device())
+
+
 def _fmt_sm(sm: tuple[int, int]) -> str:
     return f"{sm[0]}.{sm[1]}"
 
@@ -188,17 +201,19 @@ def _load(spec: KernelSpec) -> tuple[Callable | None, str | None]:
     return fn, None
 
 
+def load(spec: KernelSpec) -> Callable | None:
+    """The spec's implementation (its ``prepare`` factory where it has one), or None if it cannot load."""
+    return _load(spec)[0]
+
+
 def decision(op: str, device: torch.device, args: Sequence, pdl: bool | None = None) -> routing.Decision | None:
-    """The routing-table point for this call, or None (no table for the arch, op or M).
-    ``pdl``: the launch context (slim_kernel.pdl.launch_pdl; default: the knob)."""
+    """The routing decision for this call (tuned, shipped or estimated), or None (no table says
+    anything). ``pdl``: the launch context (slim_kernel.pdl.launch_pdl; default: the knob)."""
     shape_key = _SHAPE_KEYS.get(op)
     if shape_key is None or device.type != "cuda":
         return None
-    tab = routing.table(arch(device))
-    if tab is None:
-        return None
     shape, m = shape_key(*args)
-    return tab.lookup(op, shape, m, routing.flashinfer_version(), knobs.pdl() if pdl is None else pdl)
+    return routing.lookup(op, shape, m, knobs.pdl() if pdl is None else pdl, routing_device(device))
 
 
 def _bind(spec: KernelSpec, fn: Callable, args: Sequence, dec: routing.Decision | None, pdl: bool | None) -> Callable:
@@ -238,7 +253,8 @@ def ranked(op: str, device: torch.device, args: Sequence,
 
 def why(spec: KernelSpec, dec: routing.Decision | None) -> str:
     if dec is not None and dec.point.best(spec.backend.value):
-        return f"measured fastest of the eligible backends: {dec.why(spec.backend.value)}"
+        what = "estimated" if dec.estimated else "measured"
+        return f"{what} fastest of the eligible backends: {dec.why(spec.backend.value)}"
     return "first eligible in priority order"
 
 

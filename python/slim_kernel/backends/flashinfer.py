@@ -5,26 +5,23 @@ bmm_fp8 lives in :mod:`.flashinfer_fastpath` (importable without flashinfer, for
 
 from __future__ import annotations
 
+import flashinfer.gemm
 import torch
-from flashinfer.gemm import (
-    mm_M1_16_K7168_N256,
-    mm_M1_16_K7168_N256_bf16,
-    mm_M1_16_K7168_N384,
-    mm_M1_16_K7168_N384_bf16,
-    tinygemm_bf16,
-)
+from flashinfer.gemm import tinygemm_bf16
 
 from ..names import FLASHINFER_FUSED_A_PROGRAMS as FLASHINFER_PROGRAMS
+from ..names import FLASHINFER_ROUTERS, flashinfer_router_name
 from ..pdl import launch_pdl
 from .flashinfer_fastpath import bmm_fp8, fast_path_state  # noqa: F401  (bmm_fp8 is this backend's)
 
-# (num_experts, out dtype) -> flashinfer router kernel; all take K = 7168 and M in 1..16.
-ROUTER_KERNELS = {
-    (256, torch.float32): mm_M1_16_K7168_N256,
-    (256, torch.bfloat16): mm_M1_16_K7168_N256_bf16,
-    (384, torch.float32): mm_M1_16_K7168_N384,
-    (384, torch.bfloat16): mm_M1_16_K7168_N384_bf16,
-}
+
+def router_kernel(e: int, k: int, out_dtype: torch.dtype):
+    """flashinfer's fixed-shape router GEMM for (E, K, out dtype) (M 1..16), or None where the
+    installed flashinfer does not ship it."""
+    out = str(out_dtype).removeprefix("torch.")
+    if (e, k, out) not in FLASHINFER_ROUTERS:
+        return None
+    return getattr(flashinfer.gemm, flashinfer_router_name(e, k, out), None)
 
 
 # prepare_<op>(args, variant, pdl) is called once per call signature and launch context (the op
@@ -33,7 +30,9 @@ ROUTER_KERNELS = {
 # The weights are parameters, never written by the kernel before, so PDL is safe.
 def prepare_router(args, variant: str | None = None, pdl: bool | None = None):
     output, _, router_weights = args
-    kernel = ROUTER_KERNELS[(router_weights.shape[0], output.dtype)]
+    kernel = router_kernel(*router_weights.shape, output.dtype)
+    if kernel is None:
+        raise RuntimeError(f"this flashinfer has no {flashinfer_router_name(*router_weights.shape, output.dtype)}")
     pdl = launch_pdl(device=output.device) if pdl is None else pdl
 
     def run(output: torch.Tensor, hidden_states: torch.Tensor, router_weights: torch.Tensor) -> None:

@@ -346,6 +346,11 @@ VARIANTS: dict[str, dict[str, GemmConfig]] = {
         # from M=7 the generic body (K != 7168) spills under that cap
         "narrow_r3t896": Narrow(rows=3, cpt=1, threads=896, tokens=6, exactk=7168),
         "narrow_r2t896": Narrow(rows=2, cpt=1, threads=896, tokens=10, exactk=7168),
+        # one wave of 128 CTAs at E=896 (Kimi-K3), where 1-3 rows per CTA take 2-7 waves; one chunk per
+        # thread and round (two rounds at K = 7168): two chunks spill, and so does M > 5 with nvcc
+        "narrow_r7": Narrow(rows=7, cpt=1, threads=448, tokens=5, exactk=7168),
+        # K = 6144 (GLM-5) in one round of 384 threads x 2 chunks, straight-line at E % 2 == 0
+        "narrow_r2k6": Narrow(rows=2, cpt=2, threads=384, tokens=10, exactk=6144),
         "ring_c8": Ring(tk=128, stages=8, warps=4, loaders=1, split=8),
         # one round of fragments in registers per lane; 8 warps of 4 blocks at split 8 (72 registers) were
         # within 1% of these everywhere (run 70)
@@ -361,6 +366,8 @@ VARIANTS: dict[str, dict[str, GemmConfig]] = {
         "stream_c": Stream(stages=8, pieces=1),  # M 17-32
         "stream_c6": Stream(stages=6, pieces=1),  # M 24-32 on 0.7.4 (run 64), within 0.05 us of stream_c
         "stream_w4": Stream(stages=4, pieces=2),  # M 1-16: 1 KB pieces
+        # 96 KB at M 9-16: two CTAs per SM, so N past 132 x 16 rows (Kimi-K3's 3648: 228 CTAs) is one wave
+        "stream_w3": Stream(stages=3, pieces=2),
     },
 }
 FALLBACK_VARIANT = "skinny"  # serves every M of both ops: the choice where nothing was measured

@@ -110,7 +110,7 @@ def _progress_bar(total: int, wanted: bool):
     return tqdm(total=total, unit="kernel", desc="compiling", file=sys.stderr, leave=False)
 
 
-def _compile_all(todo: list, compiler: str, jobs: int, bar) -> dict:
+def compile_all(todo: list, compiler: str, jobs: int, bar=None) -> dict:
     """``{(instance, arch): (compiled by this run, why it failed)}``."""
     results = {}
     workers = min(jobs, len(todo))
@@ -162,7 +162,7 @@ def run(args) -> int:
             return 1
     start = time.perf_counter()
     bar = _progress_bar(len(todo), not args.no_progress)
-    results = _compile_all(todo, compiler.name, args.jobs, bar)
+    results = compile_all(todo, compiler.name, args.jobs, bar)
     if bar is not None:
         bar.close()
     # What counts is what is on disk now, re-read, not what the compiles reported.

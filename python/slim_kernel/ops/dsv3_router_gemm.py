@@ -6,24 +6,23 @@ import torch
 
 from .. import registry
 from ..backends import jit as _jit
+from ..names import FLASHINFER_ROUTERS
 from ..names import ROUTER as OP
 from ..registry import KernelBackend, KernelSpec
 from . import _validate as v
 from ._dispatch import Op, flashinfer_probe
 
 OUT_DTYPES = (torch.float32, torch.bfloat16)
-FLASHINFER_K = 7168
-FLASHINFER_EXPERTS = (256, 384)
 
 
 def _flashinfer_check(output, hidden_states, router_weights) -> str | None:
     m, k = hidden_states.shape
     if not 1 <= m <= 16:
         return f"M={m} is outside 1..16"
-    if k != FLASHINFER_K:
-        return f"K={k} is not {FLASHINFER_K}"
-    if router_weights.shape[0] not in FLASHINFER_EXPERTS:
-        return f"E={router_weights.shape[0]} is not one of {FLASHINFER_EXPERTS}"
+    e, out = router_weights.shape[0], str(output.dtype).removeprefix("torch.")
+    if (e, k, out) not in FLASHINFER_ROUTERS:
+        shipped = ", ".join(f"{e}x{k} {o}" for e, k, o in sorted(FLASHINFER_ROUTERS))
+        return f"flashinfer ships no router for E={e} K={k} {out} out (it has {shipped})"
     if not router_weights.is_contiguous():
         return "router_weights is not contiguous"
     # the backend passes hidden_states.contiguous(): a contiguous view is passed as is, and
@@ -43,14 +42,14 @@ def _shape_key(output, hidden_states, router_weights):
 
 # Priority order where nothing was measured: jit, flashinfer, torch. Our kernels
 # (jit/kernels/dsv3_router_gemm.cuh) cover M <= 64, any E, K % 8, row-strided activations, on
-# SM >= 9.0; flashinfer covers K=7168, E 256/384, M <= 16, SM 9.0-10.x.
+# SM >= 9.0; flashinfer covers its fixed shapes (names.FLASHINFER_ROUTERS), M <= 16, SM 9.0-10.x.
 registry.register(
     KernelSpec(OP, KernelBackend.JIT, "slim_kernel.backends.jit:prepare_router", prepare=True,
                min_sm=(9, 0), check=_jit.router_check, probe=_jit.probe,
                note="our JIT kernels: M<=64, any E, K%8 (narrow: a CTA per few experts; direct, ring, skinny: cluster split-K)"),
     KernelSpec(OP, KernelBackend.FLASHINFER, "slim_kernel.backends.flashinfer:prepare_router", prepare=True,
                min_sm=(9, 0), max_sm=(10, 7), check=_flashinfer_check, probe=flashinfer_probe,
-               note="flashinfer mm_M1_16_K7168_N256/N384 (+_bf16)"),
+               note="flashinfer mm_M1_16_K{K}_N{E}[_bf16]: E 128/256/384/896, K 7168 (and 6144 at E=256)"),
     KernelSpec(OP, KernelBackend.TORCH, "slim_kernel.backends.torch_ref:dsv3_router_gemm",
                device_types=frozenset({"cpu", "cuda"}), note="fp32-accumulating reference, any shape"),
 )

@@ -1,0 +1,288 @@
+"""`slim-kernel tune`: measure the fastest path on this GPU for your shapes, and route by it.
+
+    slim-kernel tune [--model NAME ...] [--router E,K[,out] ...] [--fused-a N,K ...] [--ms 1-16]
+
+For every shape and M it times, on the GPU at hand and in the decode-step pattern
+(``timing.py``: CUDA graphs, each GEMM after the kernel that writes its activation, weights
+rotated over more than twice the L2), every candidate selection could pick for the call: each
+JIT configuration that serves it, flashinfer (and its pinned fused-A programs) where installed
+and eligible, and the torch backend, in both launch contexts (``pdl: false`` after a plain
+kernel, without PDL; ``pdl: true`` after flashinfer's PDL-aware RMSNorm, with PDL: measured only
+where flashinfer is installed). Each candidate is checked against float64 before it is timed.
+The table goes to the cache directory (``routing.tuned_path``: keyed by device name, SM count
+and flashinfer version), merged with the shapes tuned before, written atomically at the end: an
+interrupted or failed run leaves the previous table in force. Selection prefers it over the
+shipped table from then on (in new processes, and in this one).
+
+The shipped table is this same measurement on an H200 for the models of ``models.py``
+(``benchmark/bench_gemm.py`` adds the anchors selection cannot run, such as sglang's kernels).
+
+Exit status: 0 table written; 1 nothing could be measured; 2 bad arguments or no usable GPU.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from . import models
+
+FP32_TOL, BF16_TOL = 1e-5, 5e-3
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("--model", action="append", default=[], metavar="NAME",
+                        help=f"every shape of a model ({', '.join(models.MODELS)}); repeatable")
+    parser.add_argument("--router", action="append", default=[], metavar="E,K[,out]",
+                        help="a dsv3_router_gemm shape (out: float32 (default) or bfloat16); repeatable")
+    parser.add_argument("--fused-a", action="append", default=[], metavar="N,K",
+                        help="a dsv3_fused_a_gemm shape; repeatable")
+    parser.add_argument("--ms", default="1-16", help="M values, e.g. 1-16 or 1,2,4,8,16,32,64 (<= 64)")
+    parser.add_argument("--device", default=None, help="CUDA device (default: the current one)")
+    parser.add_argument("--cache-dir", help="cache directory the table goes to (default: $SLIM_KERNEL_CACHE_DIR "
+                                            "or the user cache dir)")
+    parser.add_argument("--no-progress", action="store_true", help="no progress line (only on a terminal anyway)")
+
+
+def parse_ms(text: str) -> list[int]:
+    ms: set[int] = set()
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        lo, _, hi = part.partition("-")
+        if not lo.isdigit() or (hi and not hi.isdigit()):
+            raise ValueError(f"--ms wants numbers and ranges like 1-16,32, got {text!r}")
+        ms.update(range(int(lo), int(hi or lo) + 1))
+    if not ms or min(ms) < 1 or max(ms) > 64:
+        raise ValueError(f"--ms must name M values in 1..64, got {text!r}")
+    return sorted(ms)
+
+
+def shapes_from_args(args) -> list[models.Shape]:
+    shapes = [s for name in args.model for s in models.model_shapes(name)]
+    shapes += [models.parse_router(t) for t in args.router] + [models.parse_fused_a(t) for t in args.fused_a]
+    if not shapes:
+        raise ValueError("name at least one --model, --router or --fused-a")
+    return list(dict.fromkeys(shapes))
+
+
+# ---- one point: inputs, candidates, checks ----------------------------------------------------
+
+class Point:
+    """One (shape, M) on one device: the activation, output and rotating weight copies."""
+
+    def __init__(self, shape: models.Shape, m: int, device, gen):
+        import torch
+
+        from . import timing
+
+        self.shape, self.m, self.device = shape, m, device
+        self.out_dtype = getattr(torch, shape.out)
+        self.x = torch.empty(m, shape.k, device=device, dtype=torch.bfloat16)
+        self.out = torch.empty(m, shape.n, device=device, dtype=self.out_dtype)
+        w = torch.randn(shape.n, shape.k, generator=gen, device=device, dtype=torch.float32).to(torch.bfloat16)
+        self.weights = timing.rotating(w, timing.copies_for(w.numel() * 2, True, device))
+        self.producers = timing.producers(self.x, gen)
+
+    def weight_arg(self, w):
+        """The op's weight argument: router (E, K) as is, fused-A the (K, N) column-major view."""
+        return w if self.shape.op == models.ROUTER else w.t()
+
+    def args(self, w=None):
+        return self.out, self.x, self.weight_arg(self.weights[0] if w is None else w)
+
+    def calls(self, fn) -> list:
+        """One call per weight copy, ``fn(output, *inputs)`` bound as the op would run it."""
+        out, x = self.out, self.x
+        return [lambda w=w: fn(out, x, w) for w in map(self.weight_arg, self.weights)]
+
+    def error(self, fn) -> float:
+        """Relative error of ``fn`` against float64 on fresh activations, output poisoned first
+        (``fn``'s result where it returns one: an anchor that allocates its output)."""
+        import torch
+
+        self.producers["plain"]()
+        self.out.fill_(float("nan"))
+        res = fn(*self.args())
+        torch.cuda.synchronize(self.device)
+        res = res if isinstance(res, torch.Tensor) and res.shape == self.out.shape else self.out
+        ref = self.x.double() @ self.weights[0].double().t()
+        return ((res.double() - ref).norm() / ref.norm()).item()
+
+    def tolerance(self) -> float:
+        return FP32_TOL if self.shape.out == "float32" else BF16_TOL
+
+
+def candidates(point: Point, pdl: bool) -> dict:
+    """``{table candidate name: fn(output, *inputs)}``: what selection could run for this call in
+    this launch context, each bound as its backend binds it."""
+    from . import ops, registry  # noqa: F401  (importing ops registers the backends)
+    from .jit import catalogue as cat
+
+    op, args, out = point.shape.op, point.args(), {}
+    specs, _, _ = registry.ranked(op, point.x.device, args, pdl)
+    for spec in specs:
+        target = registry.load(spec)
+        if target is None:
+            continue
+        backend = spec.backend.value
+        if backend == "jit":
+            for name, cfg in cat.VARIANTS[op].items():
+                if cat.variant_serves(cfg, op, point.m):
+                    out[f"jit:{name}"] = target(args, name, pdl)
+        elif backend == "flashinfer" and spec.prepare:
+            out["flashinfer"] = target(args, None, pdl)
+            for name in _flashinfer_programs(op, point.shape.k, pdl):
+                out[f"flashinfer:{name}"] = target(args, name, pdl)
+        else:
+            out[backend] = target(args, None, pdl) if spec.prepare else target
+    return out
+
+
+def _flashinfer_programs(op: str, k: int, pdl: bool) -> list[str]:
+    if op != models.FUSED_A:
+        return []
+    from .backends import flashinfer as fb
+    from .names import FLASHINFER_FUSED_A_PROGRAMS
+
+    return [name for name in FLASHINFER_FUSED_A_PROGRAMS if fb.fused_a_program(name, k, pdl) is not None]
+
+
+def measure(point: Point, pdl: bool, notes: list[str]) -> dict[str, float]:
+    """µs per call of every correct candidate at ``point`` in one launch context (the PDL-aware
+    producer with PDL launches, or the plain one without)."""
+    from .timing import DecodeStep
+
+    producer = point.producers.get("pdl" if pdl else "plain")
+    if producer is None:
+        return {}
+    step = DecodeStep(producer, len(point.weights))
+    times = {}
+    for name, fn in candidates(point, pdl).items():
+        err = point.error(fn)
+        if not err <= point.tolerance():
+            notes.append(f"{point.shape.label()} M={point.m} {name}: relative error {err:.3g}, not timed")
+            continue
+        times[name] = round(step.time(point.calls(fn)), 3)
+    return times
+
+
+# ---- the table ---------------------------------------------------------------------------------
+
+def write_table(path: Path, header: dict, entries: list[dict]) -> dict:
+    """Merge ``entries`` into the table at ``path`` (same op, shape, M and context replaced) and
+    write it atomically; the written data is validated as selection would read it first."""
+    from . import routing
+
+    old = []
+    try:
+        previous = json.loads(path.read_text())
+        routing.Table(previous, str(path))
+        old = previous["entries"]
+    except (OSError, ValueError, TypeError, KeyError):
+        pass  # no table yet, or one selection refuses anyway: start afresh
+    key = lambda e: (e["op"], json.dumps(e["shape"], sort_keys=True), e["m"], e["pdl"])  # noqa: E731
+    merged = {key(e): e for e in old}
+    merged.update((key(e), e) for e in entries)
+    data = {"schema": routing.SCHEMA, **header,
+            "entries": sorted(merged.values(), key=lambda e: (e["op"], sorted(e["shape"].items()), e["m"],
+                                                               not e["pdl"]))}
+    routing.Table(data, str(path), kind="tuned")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".tune-", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(data, f, indent=1)
+            f.write("\n")
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return data
+
+
+def _precompile(points: list[Point]) -> None:
+    """Compile every JIT instance the points may run, in parallel, before anything is timed."""
+    from .jit import arch_for_device
+    from .jit import catalogue as cat
+    from .jit.compiler import get_compiler
+    from .jit.precompile import compile_all
+
+    arch = arch_for_device(points[0].device.index)
+    jobs = list(dict.fromkeys(
+        (cfg.instance(p.shape.op, p.m, p.shape.out, (p.shape.n, p.shape.k)), arch)
+        for p in points for cfg in cat.VARIANTS[p.shape.op].values() if cat.variant_serves(cfg, p.shape.op, p.m)))
+    compile_all(jobs, get_compiler().name, os.cpu_count() or 1, None)
+
+
+def tune(shapes: list[models.Shape], ms: list[int], device=None, progress: bool = True) -> tuple[Path, dict, list]:
+    """Measure ``shapes`` at ``ms`` on ``device`` and write the tuned table; returns (path, table, notes)."""
+    import torch
+
+    from . import registry, routing
+
+    if not torch.cuda.is_available():
+        raise RuntimeError("slim-kernel tune needs a CUDA GPU (torch sees none)")
+    try:
+        dev = torch.device(device) if device is not None else torch.device("cuda")
+    except RuntimeError as exc:
+        raise ValueError(f"--device: {exc}") from None
+    if dev.type != "cuda" or (dev.index or 0) >= torch.cuda.device_count():
+        raise ValueError(f"--device must name one of the {torch.cuda.device_count()} CUDA devices, got {device!r}")
+    dev = torch.device("cuda", dev.index if dev.index is not None else torch.cuda.current_device())
+    rdev = registry.routing_device(dev)
+    version = routing.flashinfer_version()
+    notes: list[str] = []
+    gen = torch.Generator(device=dev).manual_seed(0)
+    entries = []
+    with torch.cuda.device(dev):
+        points = [Point(s, m, dev, gen) for s in shapes for m in ms]
+        if "pdl" not in points[0].producers:
+            notes.append("flashinfer is not installed: only the plain-producer context (pdl: false) was measured")
+        _precompile(points)
+        total, start = len(points), time.perf_counter()
+        for i, point in enumerate(points, 1):
+            for pdl in (True, False):
+                us = measure(point, pdl, notes)
+                if us:
+                    entries.append({"op": point.shape.op, "shape": point.shape.key(), "m": point.m,
+                                    "flashinfer": version or "not installed", "pdl": pdl, "us": us})
+            if progress and sys.stderr.isatty():
+                print(f"\rtune: {i}/{total} points, {time.perf_counter() - start:.0f} s", end="", file=sys.stderr)
+        if progress and sys.stderr.isatty():
+            print(file=sys.stderr)
+    if not entries:
+        raise RuntimeError("nothing could be measured: " + "; ".join(notes or ["no candidate"]))
+    header = {"arch": rdev.arch, "device": rdev.name, "sms": rdev.sms, "flashinfer": version or "not installed",
+              "generated_by": "slim-kernel tune " + " ".join(s.label() for s in shapes)}
+    path = routing.tuned_path(rdev, version)
+    data = write_table(path, header, entries)
+    routing.reload()
+    return path, data, notes
+
+
+def run(args) -> int:
+    try:
+        shapes = shapes_from_args(args)
+        ms = parse_ms(args.ms)
+    except ValueError as exc:
+        print(f"slim-kernel tune: {exc}", file=sys.stderr)
+        return 2
+    if args.cache_dir:
+        os.environ["SLIM_KERNEL_CACHE_DIR"] = args.cache_dir
+    start = time.perf_counter()
+    try:
+        path, data, notes = tune(shapes, ms, args.device, not args.no_progress)
+    except ValueError as exc:
+        print(f"slim-kernel tune: {exc}", file=sys.stderr)
+        return 2
+    except RuntimeError as exc:
+        print(f"slim-kernel tune: {exc}", file=sys.stderr)
+        return 2 if "needs a CUDA GPU" in str(exc) else 1
+    for note in notes:
+        print(f"note: {note}", file=sys.stderr)
+    print(f"tune: {len(shapes)} shapes x {len(ms)} M measured in {time.perf_counter() - start:.0f} s; "
+          f"{len(data['entries'])} points in {path}")
+    return 0
