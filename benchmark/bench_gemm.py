@@ -252,7 +252,8 @@ def main(argv=None) -> int:
         for shape in named + unnamed:
             for m in sorted(set(ms + large)):
                 measured.append(measure_point(report, anchors, shape, m, gen, shape in unnamed and shape not in named))
-        Path(args.json).write_text(json.dumps(report_dict(report), indent=1))  # phase 1, should phase 2 fail
+            Path(args.json).write_text(json.dumps(report_dict(report), indent=1))  # so far, should a later step fail
+            print(f"[bench] {shape.label()}: {len(report.rows)} rows, {time.time() - t0:.0f} s", flush=True)
         install_table(report_dict(report), Path(args.table) if args.table else None)
         measure_default(report, measured)
         if unnamed:
