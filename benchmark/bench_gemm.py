@@ -62,7 +62,7 @@ def measure_point(report, anchors: Anchors, shape, m: int, gen, unnamed: bool):
     from slim_kernel.timing import DecodeStep
 
     tp = tune.Point(shape, m, gen.device, gen)
-    anchor_impls = anchors.for_shape(shape, tp)
+    anchor_impls = {n: f for n, f in anchors.for_shape(shape, tp).items() if (shape, n) not in FAILED}
     anchor_impls = {n: f for n, f in anchor_impls.items() if check(report, tp, n, f)}
     rows = []
     for producer in ("pdl", "plain"):
@@ -78,12 +78,17 @@ def measure_point(report, anchors: Anchors, shape, m: int, gen, unnamed: bool):
     return tp, rows
 
 
+FAILED: set = set()  # (shape, anchor) that could not run: not tried again at the next M
+
+
 def check(report, tp, name: str, fn) -> bool:
     """An anchor against float64 (poisoned output); one that fails or cannot run is noted, not timed."""
     try:
         err = tp.error(fn)
     except Exception as exc:  # noqa: BLE001 - an anchor that cannot run this shape
-        report.notes.append(f"{tp.shape.label()} M={tp.m} anchor {name} failed: {type(exc).__name__}: {exc}")
+        FAILED.add((tp.shape, name))
+        report.notes.append(f"{tp.shape.label()} M={tp.m} anchor {name} failed (not tried at other M): "
+                            f"{type(exc).__name__}: {str(exc)[:300]}")
         return False
     if not err <= tp.tolerance():
         report.notes.append(f"WRONG RESULT {tp.shape.label()} M={tp.m} anchor {name}: rel err {err:.3g}; not timed")
@@ -248,6 +253,10 @@ def main(argv=None) -> int:
         large = [] if args.quick or not args.large_ms else parse_ms(args.large_ms)
         anchors.warm_sglang(named + unnamed)
         gen = torch.Generator(device="cuda").manual_seed(0)
+        from slim_kernel import tune
+
+        tune.precompile([(s, m) for s in named + unnamed for m in sorted(set(ms + large))],
+                        torch.device("cuda", torch.cuda.current_device()))
         measured = []
         for shape in named + unnamed:
             for m in sorted(set(ms + large)):
@@ -257,7 +266,7 @@ def main(argv=None) -> int:
         install_table(report_dict(report), Path(args.table) if args.table else None)
         measure_default(report, measured)
         if unnamed:
-            run_unnamed_tune(report, measured, unnamed, ms)
+            run_unnamed_tune(report, measured, unnamed, sorted(set(ms + large)))
     report.seconds = time.time() - t0
     data = report_dict(report)
     Path(args.json).write_text(json.dumps(data, indent=1))

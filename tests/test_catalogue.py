@@ -86,6 +86,7 @@ def test_geometry():
     assert cat.Skinny(rt=1, warps=4).geometry(256, 7168, 132) == ((16, 8, 1), (128, 1, 1), (1, 8, 1))
     assert cat.Narrow(rows=3).geometry(384, 7168, 132) == ((128, 1, 1), (448, 1, 1), None)
     assert cat.Stream().geometry(2112, 7168, 132) == ((132, 1, 1), (256, 1, 1), None)
+    assert cat.Stream(rt=2).geometry(2624, 6144, 132) == ((82, 1, 1), (256, 1, 1), None)
     assert cat.Stream(stages=16).stages_for(1) == 16 > cat.Stream(stages=16).stages_for(9) >= 2
     assert cat.Stream().max_m() == 32 and not cat.variant_serves(cat.Stream(), FUSED_A, 33)
     assert cat.Skinny(stages=16, warps=8).stages_for(9) < 16 <= cat.Skinny(stages=16, warps=8).stages_for(1) + 1
@@ -163,7 +164,8 @@ def test_smem_formulas_match_the_kernels(tmp_path):
                 elif isinstance(cfg, cat.Direct):
                     expr = f"slim::direct_smem_bytes({d['SK_NT']}, {d['SK_CW']})"
                 elif isinstance(cfg, cat.Stream):
-                    expr = f"slim::stream_smem_bytes({d['SK_NT']}, {d['SK_STAGES']}, {d['SK_PIECES']})"
+                    expr = (f"slim::stream_smem_bytes({d['SK_NT']}, {d['SK_STAGES']}, {d['SK_PIECES']}, "
+                            f"{d.get('SK_RT', 1)})")
                 else:
                     expr = f"slim::narrow_smem_bytes({d['SK_ROWS']}, {d['SK_MT']}, {d['SK_THREADS']})"
                 cases.append((expr, cfg.smem(m)))

@@ -10,12 +10,20 @@ together at most the HBM's ``B_hbm``; the SM that gets a CTA in every wave finis
 
 ``G``, ``slots`` and ``waves`` come from ``jit/catalogue.py`` (geometry, shared memory) for JIT
 configurations; flashinfer's and torch's grids are unknown, so theirs is one CTA per SM.
-``B_hbm`` is the read bandwidth the table's run measured. Per candidate, ``a`` (the fixed cost:
-launch, ramp, reduction) and ``B_cta`` are fitted on every measured shape of the op at the same M
-and launch context (least squares over a grid of ``B_cta``). A shape whose weight lies outside the
-measured ones' range is an extrapolation and costs its candidate 5% (a safety margin). Only
+``B_hbm`` is the read bandwidth the table's run measured. Per candidate (and body: narrow's
+straight-line body for one K is fitted apart from its generic one), ``a`` (the fixed cost: launch,
+ramp, reduction) and ``B_cta`` are fitted on every measured shape of the op at the same M and
+launch context (least squares over a grid of ``B_cta``).
+
+The estimate must never pick a candidate that can be far slower than the others, so each
+prediction is made conservative by how well the candidate's fit generalizes: times (1 + its largest
+leave-one-out error over the measured shapes; 10% where only two shapes were measured), and 5% more
+where the shape's weight lies outside the measured ones' range (an extrapolation). A candidate
+whose time depends on choices we cannot see (flashinfer picking its own program per shape) shows
+up as a large leave-one-out error and loses to the ones whose geometry predicts them, or, where the
+measured shapes all fell in its windows, gets ``OPAQUE_MARGIN`` (5%) on top. Only
 candidates measured at two or more shapes are estimated; selection ranks the eligible backends by
-these predictions as it does by measurements, and ``slim-kernel info`` shows how each was made.
+these conservative times as it does by measurements, and ``slim-kernel info`` shows how each was made.
 """
 
 from __future__ import annotations
@@ -25,6 +33,10 @@ import math
 from .routing import Decision, Device, Point, Table, _shape_items
 
 EXTRAPOLATION_MARGIN = 1.05
+UNTESTED_FIT_MARGIN = 0.10
+# flashinfer's tinygemm_bf16 picks its own program per shape from windows it measured (0.7.4 on SM90):
+# on a shape it was not measured at, what it runs, and so its time, cannot be told from the others
+OPAQUE_MARGIN = {("dsv3_fused_a_gemm", "flashinfer"): 0.05}
 DEFAULT_HBM_GBPS = 4000.0  # where a table does not say (GB/s = bytes/ns)
 MAX_THREADS_PER_SM = 2048
 REGS_PER_SM = 65536
@@ -76,6 +88,37 @@ def _fit(samples: list[tuple[float, int, int, float]], b_hbm: float) -> tuple[fl
     return best[1], best[2]
 
 
+def body(op: str, candidate: str, n: int, k: int, m: int) -> str:
+    """Which compiled body ``candidate`` runs at (N, K, M): narrow configurations have a straight-line
+    one for their K alone (catalogue ``Narrow.exact_for``) and a generic one, timed apart."""
+    backend, _, variant = candidate.partition(":")
+    if backend != "jit":
+        return ""
+    from .jit.catalogue import VARIANTS
+
+    cfg = VARIANTS.get(op, {}).get(variant)
+    exact_for = getattr(cfg, "exact_for", None)
+    return "exact" if exact_for is not None and exact_for(m, (n, k)) else ""
+
+
+def _predict(rows, weight: float, grid_: tuple[int, int], b_hbm: float) -> float:
+    a, b_cta = _fit(rows, b_hbm)
+    return a + stream_us(weight, *grid_, b_cta, b_hbm)
+
+
+def _loo_error(rows, b_hbm: float) -> float:
+    """The largest relative error predicting one measured shape from the others (leave-one-out):
+    how far this candidate's fit generalizes. With two shapes there is nothing to hold out:
+    UNTESTED_FIT_MARGIN."""
+    if len(rows) < 3:
+        return UNTESTED_FIT_MARGIN
+    worst = 0.0
+    for i, (w, g, sl, y) in enumerate(rows):
+        rest = rows[:i] + rows[i + 1:]
+        worst = max(worst, abs(_predict(rest, w, (g, sl), b_hbm) - y) / y)
+    return worst
+
+
 def _training(tables: list[Table], op: str, m: int, pdl: bool, flashinfer: str | None,
               shape: dict) -> list[Point]:
     """The measured points to fit on: per table, its flashinfer version nearest the installed one,
@@ -104,20 +147,21 @@ def estimate(op: str, shape: dict, m: int, pdl: bool, device: Device, tables: li
         return None
     train = _training(tables, op, m, pdl, flashinfer, shape)
     b_hbm = next((t.hbm_gbps for t in tables if t.hbm_gbps), DEFAULT_HBM_GBPS)
-    samples: dict[str, list[tuple[float, int, int, float]]] = {}
+    samples: dict[tuple[str, str], list[tuple[float, int, int, float]]] = {}
     for p in train:
         pnk = _nk(op, dict(p.shape))
         if pnk is None:
             continue
         for cand, us in p.us:
-            samples.setdefault(cand, []).append((pnk[0] * pnk[1] * 2, *grid(op, cand, *pnk, p.m, device.sms), us))
+            samples.setdefault((cand, body(op, cand, *pnk, p.m)), []).append(
+                (pnk[0] * pnk[1] * 2, *grid(op, cand, *pnk, p.m, device.sms), us))
     predicted = {}
-    weight = nk[0] * nk[1] * 2
-    for cand, rows in samples.items():
-        if len({w for w, *_ in rows}) < 2:
-            continue
-        a, b_cta = _fit(rows, b_hbm)
-        us = a + stream_us(weight, *grid(op, cand, *nk, m, device.sms), b_cta, b_hbm)
+    weight, slots = nk[0] * nk[1] * 2, {}
+    for (cand, kind), rows in samples.items():
+        if kind != body(op, cand, *nk, m) or len({w for w, *_ in rows}) < 2:
+            continue  # another body than this shape would run (narrow's straight-line one), or too few shapes
+        slots[cand] = grid(op, cand, *nk, m, device.sms)
+        us = _predict(rows, weight, slots[cand], b_hbm) * (1 + _loo_error(rows, b_hbm) + OPAQUE_MARGIN.get((op, cand), 0))
         if not min(w for w, *_ in rows) <= weight <= max(w for w, *_ in rows):
             us *= EXTRAPOLATION_MARGIN
         predicted[cand] = round(us, 3)
@@ -128,5 +172,6 @@ def estimate(op: str, shape: dict, m: int, pdl: bool, device: Device, tables: li
                   tuple(sorted(predicted.items(), key=lambda cu: (cu[1], cu[0]))))
     shapes = len({p.shape for p in train})
     match = (f"estimate: each candidate's fixed cost and per-CTA bandwidth fitted on {shapes} measured shapes "
-             f"at M={train[0].m}, its grid on {device.sms} SMs (estimate.py); `slim-kernel tune` measures it")
+             f"at M={train[0].m}, its grid on {device.sms} SMs, plus its leave-one-out error (estimate.py); "
+             f"`slim-kernel tune` measures it")
     return Decision(point, match, "estimate")

@@ -203,17 +203,18 @@ def write_table(path: Path, header: dict, entries: list[dict]) -> dict:
     return data
 
 
-def _precompile(points: list[Point]) -> None:
-    """Compile every JIT instance the points may run, in parallel, before anything is timed."""
+def precompile(points: list[tuple[models.Shape, int]], device) -> None:
+    """Compile every JIT instance the (shape, M) points may run on ``device``, in parallel, before
+    anything is timed."""
     from .jit import arch_for_device
     from .jit import catalogue as cat
     from .jit.compiler import get_compiler
     from .jit.precompile import compile_all
 
-    arch = arch_for_device(points[0].device.index)
+    arch = arch_for_device(device.index)
     jobs = list(dict.fromkeys(
-        (cfg.instance(p.shape.op, p.m, p.shape.out, (p.shape.n, p.shape.k)), arch)
-        for p in points for cfg in cat.VARIANTS[p.shape.op].values() if cat.variant_serves(cfg, p.shape.op, p.m)))
+        (cfg.instance(s.op, m, s.out, (s.n, s.k)), arch)
+        for s, m in points for cfg in cat.VARIANTS[s.op].values() if cat.variant_serves(cfg, s.op, m)))
     compile_all(jobs, get_compiler().name, os.cpu_count() or 1, None)
 
 
@@ -241,7 +242,7 @@ def tune(shapes: list[models.Shape], ms: list[int], device=None, progress: bool 
         points = [Point(s, m, dev, gen) for s in shapes for m in ms]
         if "pdl" not in points[0].producers:
             notes.append("flashinfer is not installed: only the plain-producer context (pdl: false) was measured")
-        _precompile(points)
+        precompile([(p.shape, p.m) for p in points], dev)
         total, start = len(points), time.perf_counter()
         for i, point in enumerate(points, 1):
             for pdl in (True, False):

@@ -190,28 +190,31 @@ class Stream:
     ops = (FUSED_A,)  # a CTA per 16 rows and no split-K: the router's 256-384 rows would fill 16-24 SMs
     stages: int = 8  # ring depth (compile-time; fewer where M's stages would not fit)
     pieces: int = 1  # contiguous 512-byte pieces of every row in a stage (compile-time)
+    rt: int = 1  # 16-row weight tiles per CTA (compile-time)
 
     def __post_init__(self):
-        _check(2 <= self.stages <= 64 and self.pieces in (1, 2), self, "need stages 2..64 and pieces 1 or 2")
+        _check(2 <= self.stages <= 64 and self.pieces in (1, 2) and self.rt in (1, 2), self,
+               "need stages 2..64, pieces 1 or 2 and rt 1 or 2")
 
     def max_m(self) -> int:
         return 32  # 4 token tiles (stream_gemm.cuh: NT <= 4)
 
     def _stage(self, m: int) -> int:  # stream_stage_bytes in kernels/stream_gemm.cuh
-        return (16 + 8 * token_tiles(m)) * 512 * self.pieces
+        return (16 * self.rt + 8 * token_tiles(m)) * 512 * self.pieces
 
-    @staticmethod
-    def _fixed(m: int) -> int:  # kStreamBarrierBytes + partials_bytes(1, nt, 4)
-        return 1024 + _partials(1, token_tiles(m), 4)
+    def _fixed(self, m: int) -> int:  # kStreamBarrierBytes + partials_bytes(rt, nt, 4)
+        return 1024 + _partials(self.rt, token_tiles(m), 4)
 
     def stages_for(self, m: int) -> int:
         return _stages_that_fit(self.stages, self._fixed(m), self._stage(m))
 
     def instance(self, op: str, m: int, out_dtype: str, shape: tuple[int, int] | None = None) -> KernelInstance:
-        return _make(op, out_dtype, SK_FAMILY=3, SK_NT=token_tiles(m), SK_STAGES=self.stages_for(m), SK_PIECES=self.pieces)
+        rt = {"SK_RT": self.rt} if self.rt != 1 else {}  # only when set: the others keep their keys
+        return _make(op, out_dtype, SK_FAMILY=3, SK_NT=token_tiles(m), SK_STAGES=self.stages_for(m),
+                     SK_PIECES=self.pieces, **rt)
 
     def geometry(self, n: int, k: int, sm_count: int) -> tuple[tuple, tuple, tuple | None]:
-        return (_cdiv(n, 16), 1, 1), (256, 1, 1), None
+        return (_cdiv(n, 16 * self.rt), 1, 1), (256, 1, 1), None
 
     def smem(self, m: int) -> int:  # stream_smem_bytes in kernels/stream_gemm.cuh
         return self._fixed(m) + self.stages_for(m) * self._stage(m)
@@ -368,6 +371,9 @@ VARIANTS: dict[str, dict[str, GemmConfig]] = {
         "stream_w4": Stream(stages=4, pieces=2),  # M 1-16: 1 KB pieces
         # 96 KB at M 9-16: two CTAs per SM, so N past 132 x 16 rows (Kimi-K3's 3648: 228 CTAs) is one wave
         "stream_w3": Stream(stages=3, pieces=2),
+        # 32 rows per CTA: one wave where 16-row CTAs take two (GLM-5's 2624 rows: 82 CTAs, not 164)
+        "stream_r2": Stream(stages=4, pieces=2, rt=2),
+        "stream_r2c": Stream(stages=8, pieces=1, rt=2),
     },
 }
 FALLBACK_VARIANT = "skinny"  # serves every M of both ops: the choice where nothing was measured

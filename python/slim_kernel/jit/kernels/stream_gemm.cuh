@@ -1,7 +1,8 @@
 // stream_gemm: out(M, N) = act(M, K) @ W(N, K)^T, bf16 in, fp32 accumulation, M <= 8*NT (NT <= 4), any N, K % 8.
 //
-// Design (fused-A: 7168 -> 2112 is 132 CTAs of 16 weight rows, one per H200 SM, no split-K):
-//  * 256 threads in three roles: warps 0-1 copy the CTA's 16 weight rows, warps 2-3 the tokens,
+// Design (fused-A: 7168 -> 2112 is 132 CTAs of 16 weight rows, one per H200 SM, no split-K; RT = 2: 32
+// rows per CTA, so N past one wave of 16-row CTAs (GLM-5's 6144 -> 2624: 164) is one wave again (82)):
+//  * 256 threads in three roles: warps 0-1 copy the CTA's 16*RT weight rows, warps 2-3 the tokens,
 //    warps 4-7 compute (swap-AB mma.sync.m16n8k16, fragments read with ldmatrix).
 //  * Ring stage s holds k [KS*s, KS*(s + 1)) of every row, KS = 256P: P contiguous 512-byte pieces
 //    (P = 1 or 2); compute warp w takes k [KS*s + 64Pw, +64P). One loader warp instruction copies
@@ -22,7 +23,7 @@
 //  * The four compute warps' partials are summed in a fixed order (reduce.cuh).
 //
 // Launch contract (slim_kernel/jit/catalogue.py, family "stream"):
-//   grid (ceil(N / 16), 1, 1), block 256 threads, dynamic smem = stream_smem_bytes(NT, STAGES, P).
+//   grid (ceil(N / (16 * RT)), 1, 1), block 256 threads, dynamic smem = stream_smem_bytes(NT, STAGES, P, RT).
 //   Requirements: K % 8 == 0, lda % 8 == 0, ldw % 8 == 0, act/w 16-byte aligned, M <= 8*NT.
 #pragma once
 #include "reduce.cuh"
@@ -31,9 +32,9 @@ namespace slim {
 
 constexpr int kStreamThreads = 256;
 constexpr int kStreamBarrierBytes = 1024;  // the full and empty mbarriers of up to 64 stages, first
-__host__ __device__ constexpr int stream_stage_bytes(int nt, int p) { return (16 + 8 * nt) * 512 * p; }
-__host__ __device__ constexpr int stream_smem_bytes(int nt, int stages, int p) {
-    return kStreamBarrierBytes + stages * stream_stage_bytes(nt, p) + partials_bytes(1, nt, 4);
+__host__ __device__ constexpr int stream_stage_bytes(int nt, int p, int rt = 1) { return (16 * rt + 8 * nt) * 512 * p; }
+__host__ __device__ constexpr int stream_smem_bytes(int nt, int stages, int p, int rt = 1) {
+    return kStreamBarrierBytes + stages * stream_stage_bytes(nt, p, rt) + partials_bytes(rt, nt, 4);
 }
 
 // Shared-memory offset, in a tile of ROW-byte rows, of 16-byte chunk c of row r.
@@ -72,16 +73,16 @@ __device__ __forceinline__ void stream_load(const __nv_bfloat16* __restrict__ sr
     }
 }
 
-template <int NT, int STAGES, bool OUT_BF16, int P>
+template <int NT, int STAGES, bool OUT_BF16, int P, int RT = 1>
 __device__ __forceinline__ void stream_gemm(const __nv_bfloat16* __restrict__ act, const __nv_bfloat16* __restrict__ w,
                                             void* __restrict__ out, int M, int N, int K, int lda, int ldw, int ldo) {
-    static_assert(NT >= 1 && NT <= 4 && STAGES >= 2 && 16 * STAGES <= kStreamBarrierBytes && (P == 1 || P == 2),
-                  "bad stream config");
-    constexpr int STAGE = stream_stage_bytes(NT, P), ROW = 512 * P, WTILE = 16 * ROW;
+    static_assert(NT >= 1 && NT <= 4 && STAGES >= 2 && 16 * STAGES <= kStreamBarrierBytes && (P == 1 || P == 2)
+                  && (RT == 1 || RT == 2), "bad stream config");
+    constexpr int STAGE = stream_stage_bytes(NT, P, RT), ROW = 512 * P, WTILE = 16 * RT * ROW;
 
     extern __shared__ __align__(1024) unsigned char smem[];
     pdl_launch_dependents();
-    require_smem((unsigned)stream_smem_bytes(NT, STAGES, P));
+    require_smem((unsigned)stream_smem_bytes(NT, STAGES, P, RT));
     if (blockDim.x != kStreamThreads) asm volatile("trap;");
 
     const int warp = threadIdx.x >> 5;
@@ -90,7 +91,7 @@ __device__ __forceinline__ void stream_gemm(const __nv_bfloat16* __restrict__ ac
     const unsigned empty = full + 8 * STAGES;  // STAGES mbarriers: the compute warps are done with it
     const unsigned ring = full + kStreamBarrierBytes;
     float* red = reinterpret_cast<float*>(smem + kStreamBarrierBytes + STAGES * STAGE);
-    const int row0 = blockIdx.x * 16;
+    const int row0 = blockIdx.x * 16 * RT;
     const int nst = (K + 256 * P - 1) / (256 * P);
     const int m_used = M < 8 * NT ? M : 8 * NT;
 
@@ -103,14 +104,15 @@ __device__ __forceinline__ void stream_gemm(const __nv_bfloat16* __restrict__ ac
     __syncthreads();
 
     if (warp < 2) {
-        stream_load<8, STAGES, STAGE, P>(w + (long long)row0 * ldw, ldw, warp, N - row0, lane, K, nst, full, empty, ring);
+        stream_load<8 * RT, STAGES, STAGE, P>(w + (long long)row0 * ldw, ldw, warp, N - row0, lane, K, nst, full, empty,
+                                              ring);
     } else if (warp < 4) {
         pdl_wait();
         stream_load<4 * NT, STAGES, STAGE, P>(act, lda, warp - 2, m_used, lane, K, nst, full, empty, ring + WTILE);
     } else {
         const int cw = warp - 4;  // k [64P*cw, +64P) of every stage
-        float acc[1][NT][4];
-        zero_acc<1, NT>(acc);
+        float acc[RT][NT][4];
+        zero_acc<RT, NT>(acc);
         // ldmatrix row addresses. A (weights, 16 x 16 per k16 step j): lanes 0-15 rows 0-15 at
         // k 0-7 of the step, lanes 16-31 the same rows at k 8-15. B (8 tokens x 32 k per x4):
         // lane group i = lane / 8 gives chunk i, i.e. k16 steps 2h (b0, b1) and 2h + 1.
@@ -120,27 +122,31 @@ __device__ __forceinline__ void stream_gemm(const __nv_bfloat16* __restrict__ ac
             const int slot = s % STAGES;
             mbar_wait(full + 8 * slot, (s / STAGES) & 1);
             const unsigned base = ring + (unsigned)(slot * STAGE);
-            unsigned a[4 * P][4], b[NT][2 * P][4];
+            unsigned a[RT][4 * P][4], b[NT][2 * P][4];
 #pragma unroll
-            for (int j = 0; j < 4 * P; ++j) ldsm_x4(base + stream_slot<ROW>(ar, ac + 2 * j), a[j]);
+            for (int r = 0; r < RT; ++r)
+#pragma unroll
+                for (int j = 0; j < 4 * P; ++j) ldsm_x4(base + stream_slot<ROW>(16 * r + ar, ac + 2 * j), a[r][j]);
 #pragma unroll
             for (int n = 0; n < NT; ++n)
 #pragma unroll
                 for (int h = 0; h < 2 * P; ++h)
                     ldsm_x4(base + WTILE + stream_slot<ROW>(8 * n + br, bc + 4 * h), b[n][h]);
 #pragma unroll
-            for (int j = 0; j < 4 * P; ++j)
+            for (int r = 0; r < RT; ++r)
 #pragma unroll
-                for (int n = 0; n < NT; ++n)
-                    mma_bf16_16816(acc[0][n], a[j][0], a[j][1], a[j][2], a[j][3], b[n][j >> 1][2 * (j & 1)],
-                                   b[n][j >> 1][2 * (j & 1) + 1]);
+                for (int j = 0; j < 4 * P; ++j)
+#pragma unroll
+                    for (int n = 0; n < NT; ++n)
+                        mma_bf16_16816(acc[r][n], a[r][j][0], a[r][j][1], a[r][j][2], a[r][j][3],
+                                       b[n][j >> 1][2 * (j & 1)], b[n][j >> 1][2 * (j & 1) + 1]);
             __syncwarp();  // every lane's fragments were consumed by the MMAs above
             if (lane == 0) mbar_arrive(empty + 8 * slot);
         }
-        store_partials<1, NT>(red, cw, lane, acc);
+        store_partials<RT, NT>(red, cw, lane, acc);
     }
     __syncthreads();
-    store_tile_sums<NT, OUT_BF16>(red, 4, m_used, out, ldo, row0, N);
+    store_tile_sums<NT, OUT_BF16, RT>(red, 4, m_used, out, ldo, row0, N);
 }
 
 }  // namespace slim
