@@ -50,3 +50,14 @@ def gen():
     seed = torch.randint(0, 2**31 - 1, ()).item()
     print(f"seed={seed}")
     return torch.Generator().manual_seed(seed)
+
+
+@pytest.fixture(params=[True, False, "auto"], ids=["pdl", "nopdl", "auto"])
+def pdl(request):
+    """The PDL knob (slim_kernel.knobs) set to on, off or auto for the test, restored after."""
+    from slim_kernel import knobs
+
+    old = knobs.pdl_setting()
+    knobs.set_pdl(request.param)
+    yield request.param
+    knobs.set_pdl(old)
