@@ -3,7 +3,8 @@
 * flashinfer as installed (0.7.4 or 0.7.2.post1 in separate runs): the router kernels
   ``mm_M1_16_K7168_N256/_N384[_bf16]`` and ``tinygemm_bf16``, with and without PDL, and its
   ``rmsnorm(..., enable_pdl=True)`` as the PDL-aware producer;
-* sglang's own JIT GEMMs (standalone copy, ../shared/anchors/sglang_jit, carried into the checkout):
+* sglang's own JIT GEMMs (standalone copy, ../shared/anchors/sglang_jit, carried into the checkout, or
+  an installed sglang that has ``sglang.kernels.ops.gemm``):
   0.5.23's ``tiny_gemm_bf16`` (its router path since 0.5.20; also a generic skinny GEMM) and
   ``dsv3_fused_a_gemm``, 0.5.19's ``dsv3_router_gemm``; PDL on, as sglang runs them on Hopper;
 * torch: ``F.linear`` (bf16 out) and ``torch.mm(..., out_dtype=float32)``.
@@ -41,9 +42,10 @@ class Anchors:
             except Exception as exc:  # noqa: BLE001 - report any import failure and go on
                 notes.append(f"flashinfer unusable ({type(exc).__name__}: {exc}): its columns are absent")
         self.sgl = None
-        if sglang_dir:
+        if sglang_dir or importlib.util.find_spec("sglang") is not None:  # a standalone copy, else the package
             try:
-                sys.path.insert(0, os.path.abspath(sglang_dir))
+                if sglang_dir:
+                    sys.path.insert(0, os.path.abspath(sglang_dir))
                 os.environ.setdefault("CUDA_HOME", "/usr/local/cuda")
                 os.environ.setdefault("SGLANG_JIT_CACHE_DIR", "/tmp/sgl_jit_cache")
                 from sglang.kernels.jit.utils import parallel_compile
@@ -55,7 +57,7 @@ class Anchors:
             except Exception as exc:  # noqa: BLE001
                 notes.append(f"sglang anchors unusable ({type(exc).__name__}: {exc}): their columns are absent")
         else:
-            notes.append("no --sglang directory: the sglang anchor columns are absent")
+            notes.append("no --sglang directory and no sglang package: the sglang anchor columns are absent")
 
     def versions(self) -> dict:
         return {"flashinfer": self.flashinfer_version or "not installed",

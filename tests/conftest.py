@@ -61,3 +61,28 @@ def pdl(request):
     knobs.set_pdl(request.param)
     yield request.param
     knobs.set_pdl(old)
+
+
+@pytest.fixture
+def fake_devices(monkeypatch):
+    """CUDA device switching without a GPU: slim_kernel.devices.current() reads ``state["cur"]`` and
+    ``torch.cuda.device(i)`` sets it for its scope, logging each switch in ``state["switches"]``."""
+    import contextlib
+
+    from slim_kernel import devices
+
+    state = {"cur": 0, "switches": []}
+
+    @contextlib.contextmanager
+    def device(index):
+        index = devices.index(index)
+        previous, state["cur"] = state["cur"], index
+        state["switches"].append(index)
+        try:
+            yield
+        finally:
+            state["cur"] = previous
+
+    monkeypatch.setattr(devices, "current", lambda: state["cur"])
+    monkeypatch.setattr(torch.cuda, "device", device)
+    return state

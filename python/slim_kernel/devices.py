@@ -49,7 +49,10 @@ def index(device) -> int:
         if device < 0:
             raise ValueError(f"device must be a non-negative CUDA index, got {device}")
         return device
-    dev = torch.device(device)
+    try:
+        dev = torch.device(device)
+    except RuntimeError:
+        raise ValueError(f"device must be a CUDA device like 'cuda:1', got {device!r}") from None
     if dev.type != "cuda":
         raise ValueError(f"device must be a CUDA device, got {dev}")
     return current() if dev.index is None else dev.index
