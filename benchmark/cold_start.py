@@ -169,10 +169,13 @@ def render(report: dict) -> str:
                          f"{len(r['calls']):>8}{sum(not c['ok'] for c in r['calls']):>6}"
                          + (f"  ERROR {r['error']}" if r.get("error") else ""))
     for ph in report["phases"]:
-        c, pre = ph["compiles"], ph.get("precompile")
+        c, pre, by = ph["compiles"], ph.get("precompile"), Counter()
+        for call in ph["ranks"][0]["calls"] if ph["ranks"] else ():
+            by[call["pick"].partition(":")[0]] += call["seconds"]
         lines.append(f"{ph['cache']} {ph['role']}: wall {ph['wall_s']:.1f} s; {c['count']} compiles of {c['keys']} "
                      f"instances in {c['pids']} ranks ({c['seconds']:.1f} s); {ph['routed_jit_instances']} routed JIT "
                      f"instances" + (f"; precompile {pre['seconds']:.1f} s" if pre else "")
+                     + (f"; rank 0 calls by backend: {', '.join(f'{k} {v:.2f} s' for k, v in by.items())}" if by else "")
                      + "".join(f"\n  PROBLEM {p}" for p in ph["problems"]))
         if ph["role"] == "anchors" and ph["ranks"]:
             r = ph["ranks"][0]

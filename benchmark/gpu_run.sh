@@ -2,7 +2,8 @@
 # One command on the GPU machine: install the flashinfer bundle and the project, run the GPU tests
 # and the benchmarks, leave logs + JSON + PNG in $OUT (<= 8 files), print a summary last.
 #
-#   bash benchmark/gpu_run.sh BUNDLE [STAGE ...]    stages: tests bench eager ncu aot (default: tests bench eager)
+#   bash benchmark/gpu_run.sh BUNDLE [STAGE ...]    stages: tests bench eager cold ncu aot (default: tests bench eager)
+#   COLD_ARGS="--procs 8"  cold_start.py options for the cold stage (N ranks on one JIT cache; default one per GPU)
 #   PROFILE_ARGS="--case fused_a@1,16 --case router:384@4,8 --impls jit:ring_c8,flashinfer"  narrows the ncu stage
 #   (profile_gemm.py options); PM_ARGS (the same options) adds a PM-sampling pass (DRAM and L2 over time) of those
 #   (PM_INTERVAL: the sampling interval, ncu units; 1000 gave 1.5 us samples on the H200)
@@ -80,6 +81,11 @@ fi
 if [[ " $STAGES " == *" eager "* ]]; then
   stamp "bench_eager"
   python3 benchmark/bench_eager.py --json "$OUT/bench_eager.json" --png "$OUT/bench_eager.png" 2>&1 | tee -a "$LOG" | tail -30
+fi
+if [[ " $STAGES " == *" cold "* ]]; then
+  stamp "cold start of N ranks on one JIT cache (cold_start.py ${COLD_ARGS:-})"
+  python3 benchmark/cold_start.py --json "$OUT/cold_start.json" ${SGLANG:+--sglang "$SGLANG"} ${COLD_ARGS:-} 2>&1 \
+      | tee -a "$LOG" | tail -45
 fi
 if [[ " $STAGES " == *" ncu "* ]]; then
   stamp "ncu profile"

@@ -52,15 +52,25 @@ def gen():
     return torch.Generator().manual_seed(seed)
 
 
-@pytest.fixture(params=[True, False, "auto"], ids=["pdl", "nopdl", "auto"])
-def pdl(request):
-    """The PDL knob (slim_kernel.knobs) set to on, off or auto for the test, restored after."""
+def _pdl_knob(setting):
     from slim_kernel import knobs
 
     old = knobs.pdl_setting()
-    knobs.set_pdl(request.param)
-    yield request.param
+    knobs.set_pdl(setting)
+    yield setting
     knobs.set_pdl(old)
+
+
+@pytest.fixture(params=[True, False, "auto"], ids=["pdl", "nopdl", "auto"])
+def pdl(request):
+    """The PDL knob (slim_kernel.knobs) set to on, off or auto for the test, restored after."""
+    yield from _pdl_knob(request.param)
+
+
+@pytest.fixture
+def pdl_auto():
+    """The PDL knob at auto (the default) for the test, whatever the test sets it to restored after."""
+    yield from _pdl_knob("auto")
 
 
 @pytest.fixture

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from slim_kernel import devices, knobs
+from slim_kernel import devices
 from slim_kernel import pdl as _pdl
 
 
@@ -59,14 +59,6 @@ def test_on_device_fixed_switches_only_when_needed(fake_devices):
     fake_devices["cur"] = 1
     run("b")
     assert log == [(1, ("a",)), (1, ("b",))] and fake_devices["switches"] == [1]
-
-
-@pytest.fixture
-def pdl_auto():
-    old = knobs.pdl_setting()
-    knobs.set_pdl("auto")
-    yield
-    knobs.set_pdl(old)
 
 
 @pytest.mark.parametrize("aware", [False, True])

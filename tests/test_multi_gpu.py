@@ -17,7 +17,7 @@ import pytest
 import torch
 
 import slim_kernel as sk
-from slim_kernel import devices, knobs, registry
+from slim_kernel import devices, registry
 from slim_kernel.jit import runtime
 from slim_kernel.names import BMM_FP8, FUSED_A, ROUTER
 from slim_kernel.pdl import launch_pdl
@@ -179,25 +179,20 @@ def test_ops_on_the_tensors_device(data, cur, mode, producer, backend, pdl, gen,
 
 @pytest.mark.parametrize("producer", ["plain", "pdl"])
 @pytest.mark.parametrize("data,cur", DIRECTIONS, ids=DIRECTION_IDS)
-def test_pdl_decision_reads_the_tensors_device_stream(data, cur, producer, gen):
+def test_pdl_decision_reads_the_tensors_device_stream(data, cur, producer, gen, pdl_auto):
     """Under auto, a launch captured on cuda:data uses PDL exactly after a PDL-aware producer, even while
     cuda:cur (not capturing) is current; a launch on cuda:cur itself is eager (the knob: PDL)."""
-    old = knobs.pdl_setting()
-    knobs.set_pdl("auto")
-    try:
-        dev = torch.device("cuda", data)
-        produce = _producer(producer, gen, dev)
-        src, x = randn((4, K), gen, device=dev), torch.empty(4, K, dtype=torch.bfloat16, device=dev)
-        seen = []
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.device(cur), torch.cuda.graph(graph, stream=torch.cuda.Stream(data)):
-            torch.mul(src, 1.0, out=x)  # a predecessor: the producer is not the graph's first node
-            produce(src, x)
-            with torch.cuda.device(cur):
-                seen += [launch_pdl(device=dev), launch_pdl(device=torch.device("cuda", cur))]
-        assert seen == [producer == "pdl", True]
-    finally:
-        knobs.set_pdl(old)
+    dev = torch.device("cuda", data)
+    produce = _producer(producer, gen, dev)
+    src, x = randn((4, K), gen, device=dev), torch.empty(4, K, dtype=torch.bfloat16, device=dev)
+    seen = []
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.device(cur), torch.cuda.graph(graph, stream=torch.cuda.Stream(data)):
+        torch.mul(src, 1.0, out=x)  # a predecessor: the producer is not the graph's first node
+        produce(src, x)
+        with torch.cuda.device(cur):
+            seen += [launch_pdl(device=dev), launch_pdl(device=torch.device("cuda", cur))]
+    assert seen == [producer == "pdl", True]
 
 
 @pytest.mark.parametrize("pins", [("jit", "torch"), ("flashinfer", "jit"), ("torch", "flashinfer")],
