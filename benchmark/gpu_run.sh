@@ -85,7 +85,7 @@ fi
 if [[ " $STAGES " == *" cold "* ]]; then
   stamp "cold start of N ranks on one JIT cache (cold_start.py ${COLD_ARGS:-})"
   python3 benchmark/cold_start.py --json "$OUT/cold_start.json" ${SGLANG:+--sglang "$SGLANG"} ${COLD_ARGS:-} 2>&1 \
-      | tee -a "$LOG" | tail -45
+      | tee -a "$LOG" | tail -60
 fi
 if [[ " $STAGES " == *" ncu "* ]]; then
   stamp "ncu profile"
