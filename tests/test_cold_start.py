@@ -99,7 +99,7 @@ def test_the_table():
         _phase("cold", "ours", [_rank(0, [_call()]), {"rank": 1, "calls": [], "error": "boom"}], {"count": 2, "keys": 2,
                                                                                                   "pids": 2}),
         _phase("warm", "ours", [_rank(0, [_call()])], {}, precompile={"seconds": 30.5, "exit": 0, "summary": ""}),
-        _phase("cold", "anchors", [_rank(0, anchor_calls, imports={"flashinfer": 1.25, "sglang": None})], {})]}
+        _phase("cold", "anchors", [_rank(0, anchor_calls, imports={"flashinfer": 1.25, "anchors_init": 0.5})], {})]}
     text = cs.render(report)
     lines = text.splitlines()
     assert lines[0].startswith("cold start: 2 ranks on 1 GPU(s) (NVIDIA H200), M 1-16")
@@ -108,7 +108,7 @@ def test_the_table():
     assert ("cold ours: wall 9.5 s; 2 compiles of 2 instances in 2 ranks (0.0 s); 2 routed JIT instances; rank 0 "
             "calls by backend: jit 0.30 s") in text
     assert "PROBLEM rank 1: boom" in text and "precompile 30.5 s" in text
-    assert ("rank 0 imports {'flashinfer': 1.25, 'sglang': None}; first calls: flashinfer dsv3_router_gemm float32 "
+    assert ("rank 0 imports {'flashinfer': 1.25, 'anchors_init': 0.5}; first calls: flashinfer dsv3_router_gemm float32 "
             "12.50, sglang:fused_a dsv3_fused_a_gemm 20.00") in text
     assert lines[-1] == "note: sglang: absent"
 
@@ -146,3 +146,10 @@ def test_one_rank_calls_each_routed_instance_once_checked(monkeypatch, pdl_auto,
     assert instances["flashinfer"] is None and "dsv3_router_gemm" in instances["jit:narrow_r1kc"]
     assert instances["jit:direct_c8"] != instances["jit:narrow_r1kc"]
     assert result["first_result_s"] == 1.0 and result["import_s"] == 1.0
+
+
+def test_no_gpu_is_exit_2(capsys):
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is visible here")
+    assert cs.main(["--skip-anchors"]) == 2
+    assert "no CUDA device is visible" in capsys.readouterr().err
