@@ -2,7 +2,7 @@
 # One command on a GPU machine: install the project (and a folder of wheels, if given), run the GPU
 # tests and the benchmarks, leave logs + JSON + PNG in $OUT (default /tmp/slim_out), print a summary last.
 #
-#   bash benchmark/gpu_run.sh WHEELS [STAGE ...]      stages: tests bench tune ncu aot (default: tests bench)
+#   bash benchmark/gpu_run.sh WHEELS [STAGE ...]      stages: tests bench tune cold ncu aot (default: tests bench)
 #
 # WHEELS: a folder of wheels to install first into a private site dir (for a machine without a
 # package index: flashinfer-python, apache-tvm-ffi, ... fetched elsewhere with `pip download`), or
@@ -12,6 +12,7 @@
 #       spaces, no quotes inside)
 #   TUNE_ARGS="--model kimi-k3"   what the tune stage measures (slim-kernel tune options; default: kimi-k3)
 #   TEST_K="stream"               narrows the tests stage (pytest -k)
+#   COLD_ARGS="--procs 8"         cold_start.py options of the cold stage (N ranks on one JIT cache; default one per GPU)
 #   PROFILE_ARGS / PM_ARGS        profile_gemm.py options of the ncu stage (PM_ARGS adds a PM-sampling pass)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -74,6 +75,11 @@ if [[ " $STAGES " == *" tune "* ]]; then
   (cd /tmp && SLIM_KERNEL_CACHE_DIR=/tmp/tune_cache python3 -m slim_kernel tune ${TUNE_ARGS:---model kimi-k3}) 2>&1 \
       | tee -a "$LOG" | tail -5
   cp /tmp/tune_cache/routing/*.json "$OUT/" 2>/dev/null
+fi
+if [[ " $STAGES " == *" cold "* ]]; then
+  stamp "cold start of N ranks on one JIT cache (cold_start.py ${COLD_ARGS:-})"
+  python3 benchmark/cold_start.py --json "$OUT/cold_start.json" ${SGL:+--sglang "$SGL"} ${COLD_ARGS:-} 2>&1 \
+      | tee -a "$LOG" | tail -60
 fi
 if [[ " $STAGES " == *" ncu "* ]]; then
   stamp "ncu profile"

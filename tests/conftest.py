@@ -50,3 +50,49 @@ def gen():
     seed = torch.randint(0, 2**31 - 1, ()).item()
     print(f"seed={seed}")
     return torch.Generator().manual_seed(seed)
+
+
+def _pdl_knob(setting):
+    from slim_kernel import knobs
+
+    old = knobs.pdl_setting()
+    knobs.set_pdl(setting)
+    yield setting
+    knobs.set_pdl(old)
+
+
+@pytest.fixture(params=[True, False, "auto"], ids=["pdl", "nopdl", "auto"])
+def pdl(request):
+    """The PDL knob (slim_kernel.knobs) set to on, off or auto for the test, restored after."""
+    yield from _pdl_knob(request.param)
+
+
+@pytest.fixture
+def pdl_auto():
+    """The PDL knob at auto (the default) for the test, whatever the test sets it to restored after."""
+    yield from _pdl_knob("auto")
+
+
+@pytest.fixture
+def fake_devices(monkeypatch):
+    """CUDA device switching without a GPU: slim_kernel.devices.current() reads ``state["cur"]`` and
+    ``torch.cuda.device(i)`` sets it for its scope, logging each switch in ``state["switches"]``."""
+    import contextlib
+
+    from slim_kernel import devices
+
+    state = {"cur": 0, "switches": []}
+
+    @contextlib.contextmanager
+    def device(index):
+        index = devices.index(index)
+        previous, state["cur"] = state["cur"], index
+        state["switches"].append(index)
+        try:
+            yield
+        finally:
+            state["cur"] = previous
+
+    monkeypatch.setattr(devices, "current", lambda: state["cur"])
+    monkeypatch.setattr(torch.cuda, "device", device)
+    return state

@@ -274,3 +274,21 @@ def test_router_and_tinygemm_factories_bind_kernel_and_pdl(fake, monkeypatch):
     a, wt, out = torch.randn(4, 16), torch.randn(32, 16).t(), torch.empty(4, 32)
     fib.prepare_fused_a((out, a, wt), None, True)(out, a, wt)
     assert seen == [("router", True, (16, 256), False), ("tinygemm", (32, 16), True)]
+
+
+def test_flashinfer_calls_run_with_the_tensors_device_current(fake, monkeypatch, fake_devices):
+    # flashinfer launches on the current device: a plan for cuda:1 runs with cuda:1 current (slim_kernel/devices.py)
+    fake()
+    from types import SimpleNamespace
+
+    from slim_kernel.backends import flashinfer as fib
+
+    seen = []
+    monkeypatch.setitem(fib.ROUTER_KERNELS, (256, torch.float32),
+                        lambda x, w, out, launch_with_pdl: seen.append(("router", fake_devices["cur"])))
+    monkeypatch.setattr(fib, "tinygemm_bf16", lambda x, w, out, use_pdl: seen.append(("tinygemm", fake_devices["cur"])))
+    on_1 = torch.device("cuda", 1)
+    tensor = SimpleNamespace(contiguous=lambda: None, t=lambda: None, shape=(256, 16), dtype=torch.float32, device=on_1)
+    fib.prepare_router((tensor, tensor, tensor), None, True)(tensor, tensor, tensor)
+    fib.prepare_fused_a((tensor, tensor, tensor), None, False)(tensor, tensor, tensor)
+    assert seen == [("router", 1), ("tinygemm", 1)] and fake_devices["cur"] == 0

@@ -14,7 +14,6 @@ import pytest
 import torch
 
 import slim_kernel
-from slim_kernel import knobs
 from slim_kernel.backends import jit as jb
 from slim_kernel.jit import catalogue as cat
 from slim_kernel.names import FUSED_A, ROUTER
@@ -59,14 +58,6 @@ def _fused_a(a, b, backend="jit"):
 
 def _ref(act, w_nk):
     return act.double() @ w_nk.double().t()
-
-
-@pytest.fixture(params=[True, False, "auto"], ids=["pdl", "nopdl", "auto"])
-def pdl(request):
-    old = knobs.pdl_setting()
-    knobs.set_pdl(request.param)
-    yield request.param
-    knobs.set_pdl(old)
 
 
 @pytest.fixture

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import torch
 
-from . import knobs
+from . import devices, knobs
 
 _PROGRAMMATIC = 1  # CUgraphDependencyType CU_GRAPH_DEPENDENCY_TYPE_PROGRAMMATIC
 
@@ -53,12 +53,25 @@ def follows_pdl_launch(stream: int) -> bool | None:
 
 
 def launch_pdl(stream: int | None = None, device: int | torch.device | None = None) -> bool:
-    """Whether this launch uses PDL (``stream``: the raw handle it goes to, default the current one)."""
+    """Whether this launch uses PDL. ``device``: the tensors' device (default the current one);
+    ``stream``: the raw handle the launch goes to (default that device's current stream). Under
+    auto, the capture state is that stream's, not the current device's (slim_kernel/devices.py)."""
     if not knobs.pdl():
         return False
-    if not knobs.pdl_auto() or not torch.cuda.is_current_stream_capturing():
+    if not knobs.pdl_auto():
+        return True
+    index = devices.other(device)
+    if index is None:
+        return _captured_pdl(stream)
+    with torch.cuda.device(index):
+        return _captured_pdl(stream)
+
+
+def _captured_pdl(stream: int | None) -> bool:
+    """Auto mode on the current device: the knob (True) unless its current stream is capturing."""
+    if not torch.cuda.is_current_stream_capturing():
         return True
     if stream is None:
-        stream = torch.cuda.current_stream(device).cuda_stream
+        stream = torch.cuda.current_stream().cuda_stream
     aware = follows_pdl_launch(stream)
     return True if aware is None else aware

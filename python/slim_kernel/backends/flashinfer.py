@@ -9,10 +9,16 @@ import flashinfer.gemm
 import torch
 from flashinfer.gemm import tinygemm_bf16
 
+from ..devices import on_device
 from ..names import FLASHINFER_FUSED_A_PROGRAMS as FLASHINFER_PROGRAMS
 from ..names import FLASHINFER_ROUTERS, flashinfer_router_name
 from ..pdl import launch_pdl
-from .flashinfer_fastpath import bmm_fp8, fast_path_state  # noqa: F401  (bmm_fp8 is this backend's)
+from .flashinfer_fastpath import bmm_fp8 as _bmm_fp8
+from .flashinfer_fastpath import fast_path_state  # noqa: F401
+
+# flashinfer launches on the current device (runtime-API launches, torch.cuda.current_blas_handle(),
+# per-stream workspaces): every call here runs with the tensors' device current (slim_kernel/devices.py).
+bmm_fp8 = on_device(_bmm_fp8)  # this backend's bmm_fp8: the fast path, on out's device
 
 
 def router_kernel(e: int, k: int, out_dtype: torch.dtype):
@@ -38,7 +44,7 @@ def prepare_router(args, variant: str | None = None, pdl: bool | None = None):
     def run(output: torch.Tensor, hidden_states: torch.Tensor, router_weights: torch.Tensor) -> None:
         # flashinfer wants a dense (M, K) activation and the (K, E) column-major weight view.
         kernel(hidden_states.contiguous(), router_weights.t(), output, launch_with_pdl=pdl)
-    return run
+    return on_device(run, output.device)
 
 
 def fused_a_program(variant: str, k: int, pdl: bool) -> str | None:
@@ -70,9 +76,9 @@ def prepare_fused_a(args, variant: str | None = None, pdl: bool | None = None):
 
         def run_program(output: torch.Tensor, mat_a: torch.Tensor, mat_b: torch.Tensor) -> None:
             op(program, mat_a.contiguous(), mat_b.t(), None, output)
-        return run_program
+        return on_device(run_program, output.device)
 
     def run(output: torch.Tensor, mat_a: torch.Tensor, mat_b: torch.Tensor) -> None:
         # tinygemm computes input @ weight.T with a contiguous (N, K) weight: mat_b.T, no copy.
         tinygemm_bf16(mat_a.contiguous(), mat_b.t(), output, use_pdl=pdl)
-    return run
+    return on_device(run, output.device)

@@ -17,7 +17,7 @@ import os
 
 import torch
 
-from .. import knobs
+from .. import devices, knobs
 from ..jit import catalogue as cat
 from ..names import FUSED_A, ROUTER
 from ..pdl import launch_pdl
@@ -80,7 +80,7 @@ def _prepare(op: str, output: torch.Tensor, act: torch.Tensor, n: int, ldw: int,
     from ..jit import get_kernel
 
     m, k = act.shape
-    dev = act.device.index
+    dev = devices.index(act.device)  # the tensors' device: kernel, SM count, stream (slim_kernel/devices.py)
     _, cfg = config_for(op, m, variant)
     out_dtype = str(output.dtype).removeprefix("torch.")
     kernel = get_kernel(cfg.instance(op, m, out_dtype, (n, k)), dev)
@@ -91,7 +91,7 @@ def _prepare(op: str, output: torch.Tensor, act: torch.Tensor, n: int, ldw: int,
     launch = kernel.launch
     lda = act.stride(0) if m > 1 else k
     ldo = output.stride(0)
-    pdl = launch_pdl() if pdl is None else pdl
+    pdl = launch_pdl(device=dev) if pdl is None else pdl
 
     def run(output, act, w):
         launch(grid, block, (act.data_ptr(), w.data_ptr(), output.data_ptr(), m, n, k, lda, ldw, ldo),
