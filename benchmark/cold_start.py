@@ -39,15 +39,12 @@ COLUMNS = {"torch_import_s": "torch", "cuda_init_s": "cuda", "import_s": "import
 
 def ms_list(text: str) -> list[int]:
     """``"1-16"`` or ``"1,4,8"`` -> M values in 1..MAX_M (argparse reports the error as ``argument --ms``)."""
-    from bench_gemm import parse_ms
+    from slim_kernel.tune import parse_ms
 
     try:
-        values = parse_ms(text)
+        return parse_ms(text)
     except ValueError:
-        values = []
-    if not values or not 1 <= values[0] <= values[-1] <= MAX_M:
-        raise argparse.ArgumentTypeError(f"--ms must list M values in 1..{MAX_M} like '1-16' or '1,4,8', got {text!r}")
-    return values
+        raise argparse.ArgumentTypeError(f"--ms must list M values in 1..{MAX_M} like '1-16' or '1,4,8', got {text!r}") from None
 
 
 def parse_args(argv=None) -> argparse.Namespace:

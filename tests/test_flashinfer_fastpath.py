@@ -284,8 +284,8 @@ def test_flashinfer_calls_run_with_the_tensors_device_current(fake, monkeypatch,
     from slim_kernel.backends import flashinfer as fib
 
     seen = []
-    monkeypatch.setitem(fib.ROUTER_KERNELS, (256, torch.float32),
-                        lambda x, w, out, launch_with_pdl: seen.append(("router", fake_devices["cur"])))
+    kernel = lambda x, w, out, launch_with_pdl: seen.append(("router", fake_devices["cur"]))  # noqa: E731
+    monkeypatch.setattr(fib, "router_kernel", lambda e, k, dt: kernel)
     monkeypatch.setattr(fib, "tinygemm_bf16", lambda x, w, out, use_pdl: seen.append(("tinygemm", fake_devices["cur"])))
     on_1 = torch.device("cuda", 1)
     tensor = SimpleNamespace(contiguous=lambda: None, t=lambda: None, shape=(256, 16), dtype=torch.float32, device=on_1)
