@@ -1,29 +1,27 @@
-"""Estimated µs per call for a shape no table measured (or a GPU with another SM count).
+"""Estimated routing for a shape no table measured (or a GPU with another SM count).
 
-Torch-free. These GEMMs stream a weight of ``W = N * K * 2`` bytes once. How fast a kernel
-configuration streams it depends on its grid on the device: ``G`` CTAs, of which ``slots`` run at
-a time (CTAs per SM from its block size, shared memory and registers, times the SM count). Each
-running CTA pulls at most ``B_cta`` bytes/ns (what its loads in flight allow), all of them
-together at most the HBM's ``B_hbm``; the SM that gets a CTA in every wave finishes last:
+Torch-free. What carries over from the measured shapes to a new one is not which candidate won at
+the nearest shape but how each candidate's grid lands on the device: these GEMMs stream a weight
+read once, and a configuration is fast or slow by how many CTAs it runs at a time, in how many
+waves, each streaming how many bytes (``jit/catalogue.py`` gives every JIT configuration's grid,
+block and shared memory; flashinfer's and torch's grids are unknown and taken as one CTA per SM).
 
-    us = a + waves * (W / G) / min(B_cta, B_hbm / min(G, slots))      waves = ceil(G / slots)
+So for the call's shape, each candidate's *regret* (its time over the fastest candidate's) at every
+measured shape of the op (same M and launch context) is averaged in log space with weights
+``exp(-d / TAU)``, where ``d`` compares the candidate's grid at the two shapes on this device's SMs:
 
-``G``, ``slots`` and ``waves`` come from ``jit/catalogue.py`` (geometry, shared memory) for JIT
-configurations; flashinfer's and torch's grids are unknown, so theirs is one CTA per SM.
-``B_hbm`` is the read bandwidth the table's run measured. Per candidate (and body: narrow's
-straight-line body for one K is fitted apart from its generic one), ``a`` (the fixed cost: launch,
-ramp, reduction) and ``B_cta`` are fitted on every measured shape of the op at the same M and
-launch context (least squares over a grid of ``B_cta``).
+    d = |log(bytes per CTA ratio)| + |waves difference| / 2 + |log(CTAs at a time ratio)| / 2
+        (+ 0.1 for another output dtype)
 
-The estimate must never pick a candidate that can be far slower than the others, so each
-prediction is made conservative by how well the candidate's fit generalizes: times (1 + its largest
-leave-one-out error over the measured shapes; 10% where only two shapes were measured), and 5% more
-where the shape's weight lies outside the measured ones' range (an extrapolation). A candidate
-whose time depends on choices we cannot see (flashinfer picking its own program per shape) shows
-up as a large leave-one-out error and loses to the ones whose geometry predicts them, or, where the
-measured shapes all fell in its windows, gets ``OPAQUE_MARGIN`` (5%) on top. Only
-candidates measured at two or more shapes are estimated; selection ranks the eligible backends by
-these conservative times as it does by measurements, and ``slim-kernel info`` shows how each was made.
+and the candidate with the smallest weighted regret serves. A candidate with no measured shape
+near its geometry (total weight < MIN_WEIGHT) is not estimated. Narrow's straight-line body (one K
+only) and its generic body are different kernels and never stand in for each other.
+flashinfer's ``tinygemm_bf16`` picks its own program per shape from windows it measured (0.7.4
+on SM90), so on an unmeasured shape its regret carries ``OPAQUE_MARGIN`` more.
+
+Measured on the H200 runs (leave one shape out of the table, estimate it, score the pick by its
+measured time): ``benchmark/results/h200/NOTES_kernels.md``. The estimate's µs (what ``info``
+shows) is the weighted regret times the similarity-weighted best time of the measured shapes.
 """
 
 from __future__ import annotations
@@ -32,18 +30,17 @@ import math
 
 from .routing import Decision, Device, Point, Table, _shape_items
 
-EXTRAPOLATION_MARGIN = 1.05
-UNTESTED_FIT_MARGIN = 0.10
-# flashinfer's tinygemm_bf16 picks its own program per shape from windows it measured (0.7.4 on SM90):
-# on a shape it was not measured at, what it runs, and so its time, cannot be told from the others
-OPAQUE_MARGIN = {("dsv3_fused_a_gemm", "flashinfer"): 0.05}
-DEFAULT_HBM_GBPS = 4000.0  # where a table does not say (GB/s = bytes/ns)
+TAU = 0.2
+ACTIVE_WEIGHT = 1.0
+MIN_WEIGHT = 1e-3
+OUT_DTYPE_DISTANCE = 0.1
+# flashinfer's fused-A call chooses its own program per shape: unpredictable where it was not measured
+OPAQUE_MARGIN = {("dsv3_fused_a_gemm", "flashinfer"): 0.2}
 MAX_THREADS_PER_SM = 2048
 REGS_PER_SM = 65536
 SMEM_PER_SM = 228 * 1024
 SMEM_RESERVED = 1024  # the driver's per-CTA reservation
 ASSUMED_REGS = 128  # an uncapped kernel's registers per thread where the catalogue does not say
-B_CTA_GRID = [2.0 * 1.12 ** i for i in range(64)]  # 2 .. ~2500 bytes/ns
 
 
 def _nk(op: str, shape: dict) -> tuple[int, int] | None:
@@ -52,14 +49,18 @@ def _nk(op: str, shape: dict) -> tuple[int, int] | None:
     return (n, k) if isinstance(n, int) and isinstance(k, int) else None
 
 
+def _config(op: str, candidate: str):
+    backend, _, variant = candidate.partition(":")
+    if backend != "jit":
+        return None
+    from .jit.catalogue import VARIANTS
+
+    return VARIANTS.get(op, {}).get(variant)
+
+
 def grid(op: str, candidate: str, n: int, k: int, m: int, sms: int) -> tuple[int, int]:
     """(CTAs, CTAs running at once) of ``candidate`` at (N, K, M) on ``sms`` SMs."""
-    backend, _, variant = candidate.partition(":")
-    cfg = None
-    if backend == "jit":
-        from .jit.catalogue import VARIANTS
-
-        cfg = VARIANTS.get(op, {}).get(variant)
+    cfg = _config(op, candidate)
     if cfg is None:  # flashinfer, torch: a grid we do not know, assumed one CTA per SM
         return sms, sms
     dims, block, _ = cfg.geometry(n, k, sms)
@@ -71,58 +72,25 @@ def grid(op: str, candidate: str, n: int, k: int, m: int, sms: int) -> tuple[int
     return ctas, sms * per_sm
 
 
-def stream_us(weight: float, ctas: int, slots: int, b_cta: float, b_hbm: float) -> float:
-    waves = -(-ctas // slots)
-    return waves * (weight / ctas) / min(b_cta, b_hbm / min(ctas, slots)) / 1e3
-
-
-def _fit(samples: list[tuple[float, int, int, float]], b_hbm: float) -> tuple[float, float]:
-    """(a, B_cta) minimising the squared error of ``a + stream_us`` over (W, G, slots, us) samples."""
-    best = (math.inf, 0.0, B_CTA_GRID[0])
-    for b_cta in B_CTA_GRID:
-        xs = [stream_us(w, g, s, b_cta, b_hbm) for w, g, s, _ in samples]
-        a = max(0.0, sum(y - x for x, (_, _, _, y) in zip(xs, samples)) / len(samples))
-        sse = sum((a + x - y) ** 2 for x, (_, _, _, y) in zip(xs, samples))
-        if sse < best[0]:
-            best = (sse, a, b_cta)
-    return best[1], best[2]
-
-
 def body(op: str, candidate: str, n: int, k: int, m: int) -> str:
     """Which compiled body ``candidate`` runs at (N, K, M): narrow configurations have a straight-line
-    one for their K alone (catalogue ``Narrow.exact_for``) and a generic one, timed apart."""
-    backend, _, variant = candidate.partition(":")
-    if backend != "jit":
-        return ""
-    from .jit.catalogue import VARIANTS
-
-    cfg = VARIANTS.get(op, {}).get(variant)
-    exact_for = getattr(cfg, "exact_for", None)
+    one for their K alone (catalogue ``Narrow.exact_for``) and a generic one."""
+    exact_for = getattr(_config(op, candidate), "exact_for", None)
     return "exact" if exact_for is not None and exact_for(m, (n, k)) else ""
 
 
-def _predict(rows, weight: float, grid_: tuple[int, int], b_hbm: float) -> float:
-    a, b_cta = _fit(rows, b_hbm)
-    return a + stream_us(weight, *grid_, b_cta, b_hbm)
+def geometry_distance(op: str, candidate: str, a: tuple[int, int, int], b: tuple[int, int, int], sms: int) -> float:
+    """How differently ``candidate``'s grid lands on ``sms`` SMs at (N, K, M) ``a`` and ``b``."""
+    (ga, sa), (gb, sb) = grid(op, candidate, *a, sms), grid(op, candidate, *b, sms)
+    bytes_a, bytes_b = a[0] * a[1] / ga, b[0] * b[1] / gb
+    waves_a, waves_b = -(-ga // sa), -(-gb // sb)
+    return (abs(math.log(bytes_a / bytes_b)) + abs(waves_a - waves_b) / 2
+            + ACTIVE_WEIGHT * abs(math.log(min(ga, sa) / min(gb, sb))))
 
 
-def _loo_error(rows, b_hbm: float) -> float:
-    """The largest relative error predicting one measured shape from the others (leave-one-out):
-    how far this candidate's fit generalizes. With two shapes there is nothing to hold out:
-    UNTESTED_FIT_MARGIN."""
-    if len(rows) < 3:
-        return UNTESTED_FIT_MARGIN
-    worst = 0.0
-    for i, (w, g, sl, y) in enumerate(rows):
-        rest = rows[:i] + rows[i + 1:]
-        worst = max(worst, abs(_predict(rest, w, (g, sl), b_hbm) - y) / y)
-    return worst
-
-
-def _training(tables: list[Table], op: str, m: int, pdl: bool, flashinfer: str | None,
-              shape: dict) -> list[Point]:
-    """The measured points to fit on: per table, its flashinfer version nearest the installed one,
-    the measured M nearest ``m``; for the router, the same output dtype where two shapes have it."""
+def _training(tables: list[Table], op: str, m: int, pdl: bool, flashinfer: str | None) -> list[Point]:
+    """The measured points to learn from: per table, its flashinfer version nearest the installed
+    one and the measured M nearest ``m``, every shape of the op (the first table wins a shape both have)."""
     points: dict[tuple, Point] = {}
     for tab in tables:
         for version in tab.versions_by_distance(flashinfer)[:1]:
@@ -132,46 +100,44 @@ def _training(tables: list[Table], op: str, m: int, pdl: bool, flashinfer: str |
             near = min({p.m for p in cands}, key=lambda x: (abs(x - m), x))
             for p in cands:
                 if p.m == near:
-                    points.setdefault(p.shape, p)  # the first table (tuned) wins a shape both have
-    chosen = list(points.values())
-    out = shape.get("out")
-    same = [p for p in chosen if dict(p.shape).get("out") == out]
-    return same if out is not None and len({p.shape for p in same}) >= 2 else chosen
+                    points.setdefault(p.shape, p)
+    return list(points.values())
 
 
 def estimate(op: str, shape: dict, m: int, pdl: bool, device: Device, tables: list[Table],
              flashinfer: str | None) -> Decision | None:
-    """A synthetic point with every estimable candidate's predicted µs, or None (nothing to fit)."""
+    """A synthetic point ranking every estimable candidate, or None (nothing to learn from)."""
     nk = _nk(op, shape)
-    if nk is None:
+    train = _training(tables, op, m, pdl, flashinfer) if nk else []
+    if not train:
         return None
-    train = _training(tables, op, m, pdl, flashinfer, shape)
-    b_hbm = next((t.hbm_gbps for t in tables if t.hbm_gbps), DEFAULT_HBM_GBPS)
-    samples: dict[tuple[str, str], list[tuple[float, int, int, float]]] = {}
+    here = (*nk, m)
+    log_regret: dict[str, float] = {}
+    weight: dict[str, float] = {}
+    best_log, best_w = 0.0, 0.0
     for p in train:
-        pnk = _nk(op, dict(p.shape))
+        pshape = dict(p.shape)
+        pnk = _nk(op, pshape)
         if pnk is None:
             continue
+        there = (*pnk, p.m)
+        extra = OUT_DTYPE_DISTANCE if pshape.get("out") != shape.get("out") else 0.0
+        best = p.us[0][1]
+        w_shape = math.exp(-(abs(math.log(nk[0] / pnk[0])) + abs(math.log(nk[1] / pnk[1])) + extra) / TAU)
+        best_log, best_w = best_log + w_shape * math.log(best * nk[0] * nk[1] / (pnk[0] * pnk[1])), best_w + w_shape
         for cand, us in p.us:
-            samples.setdefault((cand, body(op, cand, *pnk, p.m)), []).append(
-                (pnk[0] * pnk[1] * 2, *grid(op, cand, *pnk, p.m, device.sms), us))
-    predicted = {}
-    weight, slots = nk[0] * nk[1] * 2, {}
-    for (cand, kind), rows in samples.items():
-        if kind != body(op, cand, *nk, m) or len({w for w, *_ in rows}) < 2:
-            continue  # another body than this shape would run (narrow's straight-line one), or too few shapes
-        slots[cand] = grid(op, cand, *nk, m, device.sms)
-        us = _predict(rows, weight, slots[cand], b_hbm) * (1 + _loo_error(rows, b_hbm) + OPAQUE_MARGIN.get((op, cand), 0))
-        if not min(w for w, *_ in rows) <= weight <= max(w for w, *_ in rows):
-            us *= EXTRAPOLATION_MARGIN
-        predicted[cand] = round(us, 3)
+            if body(op, cand, *there) != body(op, cand, *here):
+                continue
+            w = math.exp(-(geometry_distance(op, cand, here, there, device.sms) + extra) / TAU)
+            log_regret[cand] = log_regret.get(cand, 0.0) + w * math.log(us / best)
+            weight[cand] = weight.get(cand, 0.0) + w
+    ref = math.exp(best_log / best_w) if best_w > 0 else 1.0  # ~ the best µs here (display only)
+    predicted = {c: round(ref * math.exp(log_regret[c] / weight[c] + OPAQUE_MARGIN.get((op, c), 0.0)), 3)
+                 for c in log_regret if weight[c] >= MIN_WEIGHT}
     if not predicted:
         return None
-    version = train[0].flashinfer if train else (flashinfer or "not installed")
-    point = Point(op, _shape_items(shape), m, version, pdl,
+    point = Point(op, _shape_items(shape), m, train[0].flashinfer, pdl,
                   tuple(sorted(predicted.items(), key=lambda cu: (cu[1], cu[0]))))
-    shapes = len({p.shape for p in train})
-    match = (f"estimate: each candidate's fixed cost and per-CTA bandwidth fitted on {shapes} measured shapes "
-             f"at M={train[0].m}, its grid on {device.sms} SMs, plus its leave-one-out error (estimate.py); "
-             f"`slim-kernel tune` measures it")
+    match = (f"estimate: each candidate's regret at the {len(train)} measured shapes (M={train[0].m}), weighted by "
+             f"how alike its grid lands on {device.sms} SMs (estimate.py); `slim-kernel tune` measures it")
     return Decision(point, match, "estimate")

@@ -102,7 +102,6 @@ class Table:
         self.arch = data["arch"]
         self.device = data.get("device", "")
         self.sms = data.get("sms")
-        self.hbm_gbps = data.get("hbm_GBps")  # the read bandwidth the run measured (estimate.py)
         self.generated_by = data.get("generated_by", "")
         self.points = [
             Point(e["op"], _shape_items(e["shape"]), int(e["m"]), e["flashinfer"], bool(e["pdl"]),
