@@ -2,15 +2,13 @@
 read as forward-only streams and their members scanned like the wheel's own, so compiled code
 cannot hide there. Nothing is written to disk.
 
-A nested zip of at most `ZIP_IN_MEMORY` bytes (TorchScript archives, small vendored wheels) is
-read into memory and opened like the wheel itself (central directory, same checks). A larger
-one is read by its local headers, in order: declared sizes get the same limits as the wheel's
-members, data is inflated with the same bounded, CRC-checked reader; a member whose sizes
-follow its data (a data descriptor, flag bit 3) cannot be delimited that way and is refused.
-A tar is read with
+A nested zip is copied (into memory up to `ZIP_IN_MEMORY` bytes, else into the private spill
+file) and opened like the wheel itself: central directory, same checks, same member reader, so
+members with data descriptors (jars, TorchScript archives) are read too. A tar is read with
 tarfile's stream mode; a gzip/bz2/xz layer is decompressed here so its ratio can be bounded
-like a zip member's. Nesting deeper than `MAX_DEPTH` is refused. Evidence from inside is
-prefixed with the inner path.
+(it declares no size); sparse tar members are refused (their holes would be read as zeros).
+Nesting deeper than `MAX_DEPTH` is refused. Evidence from inside is prefixed with the inner
+path.
 """
 
 from __future__ import annotations
@@ -21,17 +19,15 @@ import io
 import lzma
 import struct
 import tarfile
-import zipfile
 import zlib
 
 from .limits import NESTED_MEMBER_WEIGHT, AuditInputError, HostileArchiveError, check_ratio
-from .stream import SubReader
-from .wheel import Member, MemberStream, WheelArchive, check_name, check_sizes, open_member
+from .stream import SubReader, copy_to_file
+from .wheel import WheelArchive
 
 MAX_DEPTH = 3
 ZIP_IN_MEMORY = 16 << 20
 ZIP_MAGIC = b"PK\x03\x04"
-_ZIP_END = (b"PK\x01\x02", b"PK\x05\x06", b"PK\x06\x06", b"PK\x06\x07")  # central directory, EOCD
 _TAR_NAMES = (".tar", ".tar.gz", ".tgz", ".tar.bz2", ".tbz2", ".tar.xz", ".txz")
 _OPENERS = {
     b"\x1f\x8b": lambda f: gzip.GzipFile(fileobj=f, mode="rb"),
@@ -67,60 +63,16 @@ def scan_archive(kind: str, src, col, ctx, depth: int, scan_member) -> None:
 
 
 def _zip_members(src, ctx):
-    """(stream, name, unpacked, compressed) of each file of a zip."""
-    if src.remaining <= ZIP_IN_MEMORY:
-        data = src.take(src.remaining)
-        for m in WheelArchive(src.what, ctx.limits, data=data).members:
-            yield open_member(io.BytesIO(data), m), m.name, m.unpacked, m.compressed
-        return
-    lim, total, count = ctx.limits, 0, 0
-    while src.remaining >= 4:
-        src.fill(4)
-        if bytes(src.buf[:4]) in _ZIP_END:
-            break
-        head = src.take(30)
-        sig, _, flags, method, _, _, crc, csize, usize, n, m = struct.unpack("<4sHHHHHIIIHH", head)
-        if sig != ZIP_MAGIC:
-            raise AuditInputError(f"bad local header at offset {src.pos - 30}")
-        name = src.take(n).decode("utf-8" if flags & 0x800 else "cp437")
-        csize, usize = _zip64_sizes(src.take(m), csize, usize)
-        check_name(name)
-        if flags & 0x1:
-            raise AuditInputError(f"encrypted member cannot be read: {name!r}")
-        if flags & 0x8:
-            raise AuditInputError(
-                f"member {name!r} stores its sizes after its data (data descriptor), and the archive is "
-                f"larger than {ZIP_IN_MEMORY // (1 << 20)} MiB: it cannot be read as a stream; extract "
-                "the archive and audit its files"
-            )
-        count += 1
-        if count > lim.max_members:
-            raise HostileArchiveError(f"more than {lim.max_members} members")
-        if name.endswith("/") and usize == 0:
-            src.skip(csize)
-            continue
-        if method not in (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED):
-            raise AuditInputError(f"member {name!r}: compression method {method} is not supported here")
-        total = check_sizes(name, csize, usize, total, lim)
-        raw = SubReader(src, csize)
-        try:
-            yield MemberStream(raw, Member(name, csize, usize, crc=crc, method=method)), name, usize, csize
-        except zipfile.BadZipFile as exc:
-            raise AuditInputError(f"member {name!r} is corrupt: {exc}") from None
-        raw.drain()
-
-
-def _zip64_sizes(extra: bytes, csize: int, usize: int) -> tuple[int, int]:
-    """Sizes from the zip64 extended-information field when the header says 0xFFFFFFFF."""
-    at = 0
-    while at + 4 <= len(extra):
-        tag, size = struct.unpack_from("<HH", extra, at)
-        if tag == 1:
-            values = iter(struct.unpack_from(f"<{min(size, 16) // 8}Q", extra, at + 4))
-            usize = next(values, usize) if usize == 0xFFFFFFFF else usize
-            csize = next(values, csize) if csize == 0xFFFFFFFF else csize
-        at += 4 + size
-    return csize, usize
+    """(stream, name, unpacked, compressed) of each file of a zip, read by its central directory
+    (so members with data descriptors are delimited too) from a copy: in memory up to
+    `ZIP_IN_MEMORY` bytes, else in the private spill file (counted against `Limits.max_spill`)."""
+    f, owner = copy_to_file(src, ZIP_IN_MEMORY)
+    try:
+        archive = WheelArchive(src.what, ctx.limits, fileobj=f)
+        for m in archive.members:
+            yield archive.open(m), m.name, m.unpacked, m.compressed
+    finally:
+        owner.close()
 
 
 def _tar_members(src, ctx):
@@ -136,6 +88,11 @@ def _tar_members(src, ctx):
                 raise HostileArchiveError(f"more than {lim.max_members} tar members")
             if not info.isfile():
                 continue  # links and devices are never followed or created
+            if info.issparse():
+                raise HostileArchiveError(
+                    f"tar member {info.name!r} is sparse ({info.size:,} bytes with holes): not read; "
+                    "extract the archive and audit its files"
+                )
             total += info.size
             if info.size > lim.max_member_unpacked or total > lim.max_total_unpacked:
                 raise HostileArchiveError(f"tar member {info.name!r} exceeds the size limits (bomb?)")
