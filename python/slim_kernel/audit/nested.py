@@ -21,8 +21,8 @@ import struct
 import tarfile
 import zlib
 
-from .limits import NESTED_MEMBER_WEIGHT, AuditInputError, HostileArchiveError, check_ratio
-from .stream import SubReader, copy_to_file
+from .limits import NESTED_MEMBER_WEIGHT, AuditInputError, HostileArchiveError, MissingDependencyError, check_ratio
+from .stream import WINDOW, PrivateSpill, SubReader, copy_to_file
 from .wheel import WheelArchive
 
 MAX_DEPTH = 3
@@ -36,9 +36,15 @@ _OPENERS = {
 }
 
 
+_FRAMES = {b"\x28\xb5\x2f\xfd": "zstd", b"\x04\x22\x4d\x18": "lz4"}  # a .zst / .lz4 file
+_FRAME_SUFFIXES = (".zst", ".zstd", ".lz4")
+
+
 def archive_kind(name: str, head: bytes) -> str | None:
     if head[:4] == ZIP_MAGIC:
         return "zip"
+    if head[:4] in _FRAMES:
+        return "compressed"
     if head[257:262] == b"ustar" or (name.lower().endswith(_TAR_NAMES) and head.startswith(tuple(_OPENERS))):
         return "tar"
     return None
@@ -51,7 +57,8 @@ def scan_archive(kind: str, src, col, ctx, depth: int, scan_member) -> None:
     if depth >= MAX_DEPTH:
         raise HostileArchiveError(f"{scan.member}: archives nested more than {MAX_DEPTH} deep")
     try:
-        for stream, name, unpacked, compressed in (_zip_members if kind == "zip" else _tar_members)(src, ctx):
+        members = {"zip": _zip_members, "tar": _tar_members, "compressed": _decompressed}[kind]
+        for stream, name, unpacked, compressed in members(src, ctx):
             ctx.budget.count(ctx.limits, name, NESTED_MEMBER_WEIGHT)
             _merge(col, scan_member(stream, name, unpacked, compressed, ctx, depth=depth + 1))
         src.skip(src.remaining)  # the rest (a central directory, padding) still gets its CRC checked
@@ -75,12 +82,64 @@ def _zip_members(src, ctx):
         owner.close()
 
 
+def _decompressed(src, ctx):
+    """The one file inside a zstd or LZ4 frame file (``k.fatbin.zst``, ``libs.tar.lz4``),
+    decompressed into memory or the private spill file (ratio-guarded: no declared size)."""
+    method = _FRAMES[bytes(src.buf[:4])]
+    raw = SubReader(src, src.remaining)
+    try:
+        if method == "zstd":
+            import zstandard
+
+            stream = zstandard.ZstdDecompressor().stream_reader(raw, read_across_frames=True)
+        else:
+            import lz4.frame
+
+            stream = lz4.frame.LZ4FrameFile(raw, "rb")
+    except ImportError as exc:
+        package = "zstandard" if method == "zstd" else "lz4"
+        raise MissingDependencyError(
+            f"{src.what}: reading {method} files needs the '{package}' package, a dependency of "
+            f"slim-kernel that is not installed: pip install {package}"
+        ) from exc
+    guarded = _RatioGuard(stream, raw, ctx.limits, f"{method} stream")
+    memory, spill, size = io.BytesIO(), None, 0
+    try:
+        while True:
+            try:
+                data = guarded.read(WINDOW)
+            except AuditInputError:
+                raise
+            except Exception as exc:  # zstandard.ZstdError, lz4's RuntimeError: corrupt data
+                raise AuditInputError(f"corrupt {method} data: {exc}") from None
+            if not data:
+                break
+            size += len(data)
+            if size > ctx.limits.max_member_unpacked:
+                raise HostileArchiveError(f"{method} stream: more than {ctx.limits.max_member_unpacked:,} bytes")
+            if spill is None and size > ZIP_IN_MEMORY:
+                spill = PrivateSpill(src.what, src.budget)
+                spill.write(memory.getvalue())
+            if spill is None:
+                memory.write(data)
+            else:
+                spill.write(data)
+        f = memory if spill is None else spill.file
+        f.seek(0)
+        name = src.what.rsplit("/", 1)[-1]
+        inner = name[: name.rfind(".")] if name.lower().endswith(_FRAME_SUFFIXES) else f"{name}!{method}"
+        yield f, inner, size, raw.consumed
+    finally:
+        if spill is not None:
+            spill.close()
+
+
 def _tar_members(src, ctx):
     lim, total, count = ctx.limits, 0, 0
     src.fill(6)
     opener = next((o for magic, o in _OPENERS.items() if bytes(src.buf[: len(magic)]) == magic), None)
     raw = SubReader(src, src.remaining)  # the rest of the source, counting what was read
-    f = raw if opener is None else _RatioGuard(opener(raw), raw, lim)
+    f = raw if opener is None else _RatioGuard(opener(raw), raw, lim, "compressed tar stream")
     with tarfile.open(fileobj=f, mode="r|") as tf:
         for info in tf:
             count += 1
@@ -102,8 +161,8 @@ def _tar_members(src, ctx):
 class _RatioGuard(io.RawIOBase):
     """A decompressed stream that may not outgrow `max_ratio` x the compressed bytes read."""
 
-    def __init__(self, stream, raw: SubReader, limits):
-        self._stream, self._raw, self._limits = stream, raw, limits
+    def __init__(self, stream, raw: SubReader, limits, what: str):
+        self._stream, self._raw, self._limits, self._what = stream, raw, limits, what
         self._produced = 0
 
     def readable(self) -> bool:
@@ -112,7 +171,7 @@ class _RatioGuard(io.RawIOBase):
     def read(self, n: int = -1) -> bytes:
         data = self._stream.read(n)
         self._produced += len(data)
-        check_ratio(self._produced, self._raw.consumed, self._limits, "compressed tar stream")
+        check_ratio(self._produced, self._raw.consumed, self._limits, self._what)
         return data
 
 

@@ -28,8 +28,9 @@ _WORD = "A-Za-z0-9"
 _PATTERN_OK = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\*?$")
 # A TorchScript/TORCH_LIBRARY schema: [ns::]name[.overload](args) -> returns
 _SCHEMA = re.compile(r"^(?:[A-Za-z_]\w*::)?([A-Za-z_]\w*)(?:\.\w+)?\((.*)\)\s*->\s*\S.*$", re.S)
-# <length><source name> inside a mangled name (the length has no digit before it)
-_SOURCE_NAME = re.compile(r"(?<![0-9])([1-9][0-9]{0,5})(?=[A-Za-z_$])")
+# <length><source name> inside a mangled name (searched from the end of the previous name, so
+# a length right after a name ending in a digit, as in "3__467_GLOBAL__N_...", is whole)
+_SOURCE_NAME = re.compile(r"([0-9]+)(?=[A-Za-z_$])")
 _IDENT = re.compile(r"[A-Za-z0-9_$]+")
 # another library's op named by its qualified name: ns::op, ns.op (the op ends the string)
 _QUALIFIED = re.compile(r"^(?:[A-Za-z_]\w*(?:::|\.))+([A-Za-z_]\w*)$")
@@ -165,7 +166,7 @@ def source_names(text: str, at: int = 0):
         m = _SOURCE_NAME.search(text, at)
         if m is None:
             return
-        start, n = m.end(), int(m.group(1))
+        start, n = m.end(), int(m.group(1)[:7])
         if start >= run_end:
             run_end = _IDENT.match(text, start).end()
         if start + n <= run_end:

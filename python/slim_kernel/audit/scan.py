@@ -233,7 +233,11 @@ def data_sections(elf: ElfFile):
     return [
         (s.offset, s.file_size)
         for s in elf.sections
-        if s.flags & SHF_ALLOC and not s.flags & SHF_EXECINSTR and s.type in _DATA_TYPES and s.file_size
+        if s.file_size
+        and (
+            s.name.startswith((".rodata", ".data"))
+            or (s.flags & SHF_ALLOC and not s.flags & SHF_EXECINSTR and s.type in _DATA_TYPES)
+        )
     ]
 
 
@@ -373,7 +377,7 @@ def scan_member(
         _scan_host_elf(src, col, ctx, name)
     elif kind == "ar":
         _scan_ar(src, col, ctx, name)
-    elif kind in ("zip", "tar"):  # an archive inside the wheel: scan what it holds
+    elif kind in ("zip", "tar", "compressed"):  # an archive or .zst/.lz4 file: scan what it holds
         nested.scan_archive(kind, src, col, ctx, depth, scan_member)
     elif kind in ("cubin", "ptx"):
         if unpacked > ctx.limits.max_entry_unpacked:

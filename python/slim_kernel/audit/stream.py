@@ -162,7 +162,9 @@ class SpanStore:
     def add(self, start: int, data: bytes) -> None:
         if not data:
             return
-        if self._in_memory + len(data) <= self._cap:
+        if not data.strip(b"\x00"):  # zeros (padding, holes) are remembered, not kept
+            self._spans.append((start, len(data), None, -1))
+        elif self._in_memory + len(data) <= self._cap:
             self._spans.append((start, len(data), data, -1))
             self._in_memory += len(data)
         else:
@@ -175,6 +177,8 @@ class SpanStore:
         start, length, data, spill_off = self._spans[i]
         if data is not None:
             return data[lo - start : hi - start]
+        if spill_off < 0:
+            return bytes(hi - lo)
         self._spill.file.seek(spill_off + lo - start)
         return self._spill.file.read(hi - lo)
 
