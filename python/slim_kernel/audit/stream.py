@@ -162,7 +162,7 @@ class SpanStore:
     def add(self, start: int, data: bytes) -> None:
         if not data:
             return
-        if not data.strip(b"\x00"):  # zeros (padding, holes) are remembered, not kept
+        if data == bytes(len(data)):  # zeros (padding, holes) are remembered, not kept
             self._spans.append((start, len(data), None, -1))
         elif self._in_memory + len(data) <= self._cap:
             self._spans.append((start, len(data), data, -1))
