@@ -8,7 +8,16 @@ import io
 import json
 
 import pytest
-from audit_fixtures import GXX, NEUTRAL_CU, NVCC, host_lib, kernels_source, make_wheel, nvcc_fatbin
+from audit_fixtures import (
+    GXX,
+    NEUTRAL_CU,
+    NVCC,
+    Unseekable,
+    host_lib,
+    kernels_source,
+    make_wheel,
+    nvcc_fatbin,
+)
 
 from slim_kernel.cli import main
 
@@ -319,19 +328,6 @@ def test_nested_archive_limits(capsys, tmp_path):
     assert rc == 2 and "pkg/bomb.zip (nested zip)" in res["error"], res
 
 
-class _Unseekable(io.RawIOBase):
-    """A write-only stream: zipfile then writes every member's sizes after its data."""
-
-    def __init__(self):
-        self.buf = io.BytesIO()
-
-    def writable(self) -> bool:
-        return True
-
-    def write(self, b) -> int:
-        return self.buf.write(b)
-
-
 def test_nested_zips_in_memory_and_spilled(capsys, tmp_path, monkeypatch):
     """Nested zips (TorchScript .pt/.ptl and jars: members with data descriptors) are opened by
     their central directory, from memory or, when larger, from the private spill file: the
@@ -340,7 +336,7 @@ def test_nested_zips_in_memory_and_spilled(capsys, tmp_path, monkeypatch):
 
     from slim_kernel.audit import nested
 
-    out = _Unseekable()
+    out = Unseekable()
     with zipfile.ZipFile(out, "w") as zf:
         zf.writestr("m/data.pkl", b"\x80\x02" + b"\0" * 64)
         zf.writestr(

@@ -18,7 +18,7 @@ import tarfile
 import zipfile
 from pathlib import Path
 
-from . import GXX, NVCC, fatbin_of, host_lib, kernels_source, make_wheel, nvcc_fatbin, tiny_elf
+from . import GXX, NVCC, Unseekable, fatbin_of, host_lib, kernels_source, make_wheel, nvcc_fatbin, tiny_elf
 from .crafted import EHDR, MiB, deflated, elf_header, raw_zip, shdr, stored, wheel_with
 
 # kernels whose names carry no op: only the file name (-lineinfo) says where they come from
@@ -139,17 +139,6 @@ def qualified_call(d: Path) -> Path:
 
 def nested_jar_with_descriptors(d: Path) -> Path:
     """A 20 MiB jar written to a stream (every member's sizes follow its data)."""
-
-    class Unseekable(io.RawIOBase):
-        def __init__(self):
-            self.buf = io.BytesIO()
-
-        def writable(self) -> bool:
-            return True
-
-        def write(self, b) -> int:
-            return self.buf.write(b)
-
     out = Unseekable()
     with zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as zf:
         zf.writestr("META-INF/MANIFEST.MF", b"Manifest-Version: 1.0\n")
@@ -198,7 +187,9 @@ def directory_entries(count: int):
     def build(d: Path) -> Path:
         path = d / f"cd{count}.whl"
         local = struct.pack("<4sHHHHHIIIHH", b"PK\x03\x04", 20, 0, 0, 0, 0x21, 0, 0, 0, 7, 0) + b"0" * 7
-        entry = struct.pack("<4sHHHHHHIIIHHHHHII", b"PK\x01\x02", 20, 20, 0, 0, 0, 0x21, 0, 0, 0, 7, 0, 0, 0, 0, 0, 0)
+        entry = struct.pack(
+            "<4sHHHHHHIIIHHHHHII", b"PK\x01\x02", 20, 20, 0, 0, 0, 0x21, 0, 0, 0, 7, 0, 0, 0, 0, 0, 0
+        )
         cd = b"".join(entry + b"%07d" % i for i in range(count))  # distinct names, all at offset 0
         eocd = struct.pack("<4sHHHHIIH", b"PK\x05\x06", 0, 0, 0xFFFF, 0xFFFF, len(cd), len(local), 0)
         path.write_bytes(local + cd + eocd)
@@ -272,8 +263,25 @@ def zstd_cubins_duplicate_symbols(d: Path) -> Path:
     struct.pack_into("<Q", big, 0x28, len(elf) + rows * 24)
     payload = zstandard.ZstdCompressor(level=19).compress(bytes(big))
     body = b"".join(
-        struct.pack("<HHIQIIHHIIIQQQ", 2, 0x101, 64, len(payload) + (-len(payload) % 8), len(payload), 0, 8, 1,
-                    90, 0, 0, 0x108011, 0, len(big)) + payload + b"\0" * (-len(payload) % 8)
+        struct.pack(
+            "<HHIQIIHHIIIQQQ",
+            2,
+            0x101,
+            64,
+            len(payload) + (-len(payload) % 8),
+            len(payload),
+            0,
+            8,
+            1,
+            90,
+            0,
+            0,
+            0x108011,
+            0,
+            len(big),
+        )
+        + payload
+        + b"\0" * (-len(payload) % 8)
         for _ in range(8)
     )
     blob = struct.pack("<IHHQ", 0xBA55ED50, 1, 16, len(body)) + body
@@ -305,7 +313,9 @@ def overlapping_members(d: Path) -> Path:
     data = b"x = 1\n" * 1000
     crc = crc32(data)
     local = _local_header(b"pkg/a.py", 0, crc, len(data), len(data)) + data
-    cd = b"".join(_central_entry(f"pkg/{c}.py".encode(), 0, crc, len(data), len(data), 0) for c in "abcdefghijkl")
+    cd = b"".join(
+        _central_entry(f"pkg/{c}.py".encode(), 0, crc, len(data), len(data), 0) for c in "abcdefghijkl"
+    )
     path = d / "overlap12.whl"
     path.write_bytes(local + cd + _end_of_central(12, len(cd), len(local)))
     return path

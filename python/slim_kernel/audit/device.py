@@ -85,7 +85,9 @@ def summarize_cubin(data, rules: Rules, limits: Limits, what: str, arch: str = "
     kernels = sum(1 for s in elf.sections if s.name.startswith(".text."))
     files = _line_files(elf, rules, limits)
     ops = tuple(dict.fromkeys([*tus.ops(rules), *(op for f in files for op in rules.match(f))]))
-    code = DeviceCode("cubin", arch or cubin_arch(elf), tuple(tus.found), ops, kernel_count=kernels, line_files=files)
+    code = DeviceCode(
+        "cubin", arch or cubin_arch(elf), tuple(tus.found), ops, kernel_count=kernels, line_files=files
+    )
     code.names = _cubin_names(elf, code, rules, limits, what, budget)
     return code
 

@@ -149,7 +149,9 @@ class ElfFile:
         end = data.find(b"\x00")
         return data if end < 0 else data[:end]
 
-    def iter_symbols(self, sec: Section, wanted_names: HitStrings | None = None, budget: Budget | None = None):
+    def iter_symbols(
+        self, sec: Section, wanted_names: HitStrings | None = None, budget: Budget | None = None
+    ):
         """Defined symbols of a SYMTAB/DYNSYM section, each distinct name once, read a window at
         a time with the columns cut out in C (a row costs one budgeted step, whatever the table
         holds); with `wanted_names`, only those whose name contains one of the hits."""

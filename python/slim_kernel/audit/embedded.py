@@ -52,13 +52,22 @@ def device_split(src, col, layers, strict: bool):
             continue
         if kind == "fatbin":
             stats["fatbin_containers"] += 1
-            stats["fatbin_bytes"] += fatbin.read_container(src, col.ctx.limits, lambda e, p: _entry(e, p, col, layers))
+            stats["fatbin_bytes"] += fatbin.read_container(
+                src, col.ctx.limits, lambda e, p: _entry(e, p, col, layers)
+            )
         else:
             stats["raw_cubins"] += 1
             size = cubin_size(src.buf)
             pieces = []  # the cubin's bytes also belong to the section around it
-            device_code(col, "cubin", _tee(src.pieces(size), pieces), size, f"{src.what}: cubin at {at}",
-                        layers("cubin"), size)
+            device_code(
+                col,
+                "cubin",
+                _tee(src.pieces(size), pieces),
+                size,
+                f"{src.what}: cubin at {at}",
+                layers("cubin"),
+                size,
+            )
             yield from pieces
 
 
@@ -117,12 +126,24 @@ def _entry(entry: fatbin.Entry, payload, col, layers) -> None:
     col.scan.stats["fatbin_entries"] += 1
     col.scan.stats[f"fatbin_{entry.compression}"] += 1
     if entry.kind not in ("cubin", "ptx"):
-        col.unreadable(layers("fatbin-cubin")[1], f"fatbin entry at {entry.offset} of kind {entry.kind} (not cubin or PTX)")
+        col.unreadable(
+            layers("fatbin-cubin")[1],
+            f"fatbin entry at {entry.offset} of kind {entry.kind} (not cubin or PTX)",
+        )
         return
     what = f"{col.scan.member}: fatbin entry at {entry.offset}"
     stored = entry.header_size + entry.stored
-    device_code(col, entry.kind, payload, entry.unpacked, what, layers(f"fatbin-{entry.kind}"), stored,
-                entry.compression, entry.arch)
+    device_code(
+        col,
+        entry.kind,
+        payload,
+        entry.unpacked,
+        what,
+        layers(f"fatbin-{entry.kind}"),
+        stored,
+        entry.compression,
+        entry.arch,
+    )
 
 
 def device_code(col, kind, windows, size, what, layers, stored, compression="none", arch="") -> None:

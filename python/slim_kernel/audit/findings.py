@@ -74,8 +74,14 @@ def audit_result(scan: WheelScan, rules: Rules) -> dict:
                 archs.add(h.arch)
     order = {layer: i for i, layer in enumerate(LAYERS)}
     findings = [
-        {"op": op, "member": member, "layer": layer, "class": EVIDENCE_CLASS[layer], "evidence": evidence,
-         "archs": sorted(archs)}
+        {
+            "op": op,
+            "member": member,
+            "layer": layer,
+            "class": EVIDENCE_CLASS[layer],
+            "evidence": evidence,
+            "archs": sorted(archs),
+        }
         for (op, member, layer, evidence), archs in sorted(
             merged.items(), key=lambda kv: (kv[0][0], order.get(kv[0][2], 99), kv[0][1], kv[0][3])
         )
@@ -96,7 +102,11 @@ def audit_result(scan: WheelScan, rules: Rules) -> dict:
         "retired": rules.to_json(),
         "routed": [r for s in scan.scans for r in s.routed],
         "layers": {
-            layer: {"scanned": _scanned(layer, st), "findings": per_layer[layer], "unreadable": bad_layers[layer]}
+            layer: {
+                "scanned": _scanned(layer, st),
+                "findings": per_layer[layer],
+                "unreadable": bad_layers[layer],
+            }
             for layer in LAYERS
         },
         "members": len(scan.members),

@@ -108,7 +108,6 @@ class Budget:
         if self.items > limits.max_items:
             raise HostileArchiveError(f"{what}: {too_many_items(limits)}")
 
-
     def step(self, n: int, what: str) -> None:
         """Count `n` cheap steps (symbol rows, KiB of names and strings examined)."""
         self.steps += n

@@ -21,7 +21,13 @@ import struct
 import tarfile
 import zlib
 
-from .limits import NESTED_MEMBER_WEIGHT, AuditInputError, HostileArchiveError, MissingDependencyError, check_ratio
+from .limits import (
+    NESTED_MEMBER_WEIGHT,
+    AuditInputError,
+    HostileArchiveError,
+    MissingDependencyError,
+    check_ratio,
+)
 from .stream import WINDOW, PrivateSpill, SubReader, copy_to_file
 from .wheel import WheelArchive
 
@@ -116,7 +122,9 @@ def _decompressed(src, ctx):
                 break
             size += len(data)
             if size > ctx.limits.max_member_unpacked:
-                raise HostileArchiveError(f"{method} stream: more than {ctx.limits.max_member_unpacked:,} bytes")
+                raise HostileArchiveError(
+                    f"{method} stream: more than {ctx.limits.max_member_unpacked:,} bytes"
+                )
             if spill is None and size > ZIP_IN_MEMORY:
                 spill = PrivateSpill(src.what, src.budget)
                 spill.write(memory.getvalue())

@@ -116,7 +116,9 @@ def _scan_task(path: str, members: list[Member], ctx: ScanContext, report=None):
     with open_regular(path) as f:
         for m in members:  # validated by the parent: read each straight from its offset
             try:
-                out.append(scan_member(member_stream(f, m), m.name, m.unpacked, m.compressed, ctx, on_progress))
+                out.append(
+                    scan_member(member_stream(f, m), m.name, m.unpacked, m.compressed, ctx, on_progress)
+                )
             except AuditInputError:
                 raise
             except (struct.error, IndexError, ValueError, OverflowError, UnicodeError) as exc:

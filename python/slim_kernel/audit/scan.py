@@ -179,7 +179,9 @@ class _Collector:
             self.scan.stats["mentions_dropped"] += 1
             return
         self._mentioned.add((op, evidence))
-        self.scan.mentions.append({"op": op, "member": self.scan.member, "layer": layer, "evidence": evidence})
+        self.scan.mentions.append(
+            {"op": op, "member": self.scan.member, "layer": layer, "evidence": evidence}
+        )
 
     def unreadable(self, layer: str, why: str) -> None:
         """Something of `layer` that this audit cannot read: the wheel cannot pass (exit 2)."""

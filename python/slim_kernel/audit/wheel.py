@@ -142,7 +142,9 @@ class WheelArchive:
                 return
             row = _CENTRAL.unpack_from(buf, pos)
             if row[0] != b"PK\x01\x02":
-                raise self._not_zip(f"bad central directory entry at {cd_at + cd_size - left - len(buf) + pos}")
+                raise self._not_zip(
+                    f"bad central directory entry at {cd_at + cd_size - left - len(buf) + pos}"
+                )
             count += 1
             if count > lim.max_members:
                 raise HostileArchiveError(f"more than {lim.max_members:,} members: over the limit")
