@@ -38,7 +38,11 @@ TU = "_ZN51_INTERNAL_1a2b3c4d_19_dsv3_router_gemm_cu_5e6f7a8b7counterE"
         ("dsv3_fused_a_gemm.cu", ["dsv3_fused_a_gemm"]),
         ("dsv4_router_gemm(Tensor! output, Tensor mat_a, Tensor mat_b) -> ()", []),
         ("xbmm_fp8 bmm_fp8x mybmm_fp8", []),
-        ("_Z16dsv3_router_gemmRN2at6TensorE", []),  # mangled: must be demangled first
+        ("_Z16dsv3_router_gemmRN2at6TensorE", ["dsv3_router_gemm"]),  # mangled: no demangler needed
+        ("$kernel$_Z16dsv3_router_gemmv", ["dsv3_router_gemm"]),  # a non-inlined device function
+        ("_Z4tileIL_Z12bmm_fp8_thingEEvv", ["bmm_fp8"]),  # inside a template argument
+        ("_Z19my_dsv3_router_gemmv _Z16dsv4_router_gemmv _Z8xbmm_fp8v", ["dsv3_router_gemm"]),
+        ("_Z3fooI12dsv3_foo_barEvv", ["dsv3_foo_bar"]),
         ("dsv3_topk_kernel<4>", ["dsv3_topk_kernel"]),  # any other dsv3_* op
         ("my_dsv3_router_gemm_v2 dsv3_topk", ["dsv3_router_gemm", "dsv3_topk"]),
     ],
@@ -197,16 +201,21 @@ def test_cli_does_not_import_torch(tmp_path, command):
     assert ("CLEAN" if command == ["audit"] else "t.whl:") in proc.stdout
 
 
-def test_demangler_batches_and_refuses_odd_names():
+def test_demangler_is_a_library_and_refuses_costly_names(monkeypatch):
     from slim_kernel.audit import demangle
 
-    if not demangle.available():
-        pytest.skip("c++filt not found")
-    names = ["_Z7bmm_fp8v", "plain_name", "_Z3foo\x85bar", "_Z" + "a" * 10_000, "_Z16dsv3_router_gemmi"]
-    out = demangle.demangle_all(names)
-    assert out["_Z7bmm_fp8v"] == "bmm_fp8()" and out["_Z16dsv3_router_gemmi"] == "dsv3_router_gemm(int)"
-    assert out["plain_name"] == "plain_name" and out["_Z3foo\x85bar"] == "_Z3foo\x85bar"
-    assert out["_Z" + "a" * 10_000] == "_Z" + "a" * 10_000
+    if demangle._library() is None:
+        pytest.skip("cpp-demangle not installed")
+    assert demangle.demangle("_Z7bmm_fp8v") == "bmm_fp8()"
+    assert demangle.demangle("_Z16dsv3_router_gemmi") == "dsv3_router_gemm(int)"
+    assert demangle.demangle("$kernel$_Z3foov") == "$kernel$foo()"
+    assert demangle.demangle("plain_name") == "plain_name" and demangle.demangle("_Z3foo\x85bar") == "_Z3foo\x85bar"
+    assert demangle.demangle("_Z" + "a" * 10_000) == "_Z" + "a" * 10_000
+    # output that doubles with each back-reference is not produced (a demangler bomb)
+    bomb = "_Z1fI1PIiiE" + "".join(f"S_IS{i}_S{i}_E" for i in range(8)) * 3 + "Ev"
+    assert demangle.demangle(bomb) == bomb
+    monkeypatch.setattr(demangle, "_library", lambda: None)
+    assert demangle.demangle("_Z7bmm_fp8v") == "_Z7bmm_fp8v" and demangle.name().startswith("none")
 
 
 # -- the cubin SM rule shared with the JIT cache -----------------------------------------------

@@ -36,7 +36,27 @@ def test_aot_wheel_all_ops_in_every_host_and_device_layer(capsys):
     schemas = {f["evidence"] for f in res["findings"] if f["layer"] == "rodata-schema"}
     assert "dsv3_router_gemm(Tensor! output, Tensor mat_a, Tensor mat_b) -> ()" in schemas
     assert all(r["kind"] in ("python", "metadata", "jit-source", "other") for r in res["routed"])
+    # an error message naming the op is a mention (issue 27), every other finding as before
+    assert {m["evidence"] for m in res["mentions"]} == {"bmm_fp8_internal_cublaslt failed: "}
     assert res["seconds"] < 30
+
+
+@pytest.mark.parametrize(
+    "var, ops",
+    [  # issue 27's ground truth: 0.4.4 still ships all three ops, 0.4.5 drops the router, 0.4.6 all
+        ("SLIM_KERNEL_WHEEL_0_4_4", RETIRED),
+        ("SLIM_KERNEL_WHEEL_0_4_5", ["bmm_fp8", "dsv3_fused_a_gemm"]),
+        ("SLIM_KERNEL_WHEEL_0_4_6", []),
+    ],
+)
+def test_sglang_kernel_ground_truth_without_cxxfilt(var, ops, monkeypatch, capsys):
+    """sglang-kernel 0.4.4 / 0.4.5 / 0.4.6 (pip download sglang-kernel==0.4.x --no-deps): the
+    ops found, with no c++filt on PATH; op names inside messages are mentions, not findings."""
+    wheel = _wheel(var)
+    monkeypatch.setenv("PATH", "")
+    assert main(["audit", "--json", "--no-progress", wheel]) == (1 if ops else 0)
+    (res,) = json.loads(capsys.readouterr().out)["wheels"]
+    assert res["ops_found"] == ops and res["unreadable"] == []
 
 
 def test_size_attributes_the_retired_ops_and_compares(capsys):

@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import hashlib
+import io
 import shutil
 import struct
 import subprocess
@@ -155,6 +156,20 @@ def make_wheel(
         for name, data in files.items():
             zf.writestr(name, data)
     return path
+
+
+class Unseekable(io.RawIOBase):
+    """A write-only stream: zipfile then writes every member's sizes after its data (data
+    descriptors, as jars and TorchScript archives have them)."""
+
+    def __init__(self):
+        self.buf = io.BytesIO()
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, b) -> int:
+        return self.buf.write(b)
 
 
 # -- hostile archives ----------------------------------------------------------------------

@@ -29,8 +29,9 @@ except subprocess.TimeoutExpired as exc:
     rc, out, err = "timeout", exc.stdout or "", exc.stderr or ""
     out, err = [s.decode(errors="replace") if isinstance(s, bytes) else s for s in (out, err)]
 wall = time.perf_counter() - start
-peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024
-print(json.dumps({"rc": rc, "wall": wall, "peak": peak, "stdout": out[-20000:], "stderr": err[-4000:]}))
+usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+peak, cpu = usage.ru_maxrss * 1024, usage.ru_utime + usage.ru_stime
+print(json.dumps({"rc": rc, "wall": wall, "cpu": cpu, "peak": peak, "stdout": out[-20000:], "stderr": err[-4000:]}))
 """
 
 
@@ -38,6 +39,7 @@ print(json.dumps({"rc": rc, "wall": wall, "peak": peak, "stdout": out[-20000:], 
 class Run:
     rc: int | str  # "timeout" when killed
     wall: float  # seconds
+    cpu: float  # seconds of CPU time (user + system) of the process tree
     peak: int  # bytes: the largest RSS of any process of the tree
     stdout: str
     stderr: str

@@ -67,6 +67,7 @@ def _central_entry(raw: bytes, method: int, crc: int, csize: int, usize: int, of
 
 
 def _end_of_central(entries: int, cd_size: int, cd_offset: int) -> bytes:
+    entries &= 0xFFFF  # the count wraps past 65,535 entries (as writers without zip64 do)
     return struct.pack("<4sHHHHIIH", b"PK\x05\x06", 0, 0, entries, entries, cd_size, cd_offset, 0)
 
 

@@ -1,55 +1,46 @@
-"""Batch C++ demangling through binutils' `c++filt` (one process per batch).
+"""Readable evidence: C++ names demangled in-process by the `cpp_demangle` package (the audit
+extra), which gives c++filt's output. Matching never needs it (`rules` reads the mangled form),
+so without it the audit finds the same ops and only shows evidence names mangled; the report
+says which. No external tool is run.
 
-Only names that passed the cheap byte prefilter reach here, so batches are small. Without
-`c++filt` names stay mangled and `available()` is False (the report says so).
+Demangled output can grow exponentially with back-references (``S_``, ``T_``), so only names
+of at most `MAX_NAME` characters with at most `MAX_REFS` references are demangled (every
+retired-op name seen in real wheels has at most 5); others are shown mangled.
 """
 
 from __future__ import annotations
 
 import functools
-import shutil
-import subprocess
+import re
+
+MAX_NAME = 4096
+MAX_REFS = 16
+_REF = re.compile(r"[ST][0-9A-Z]*_")
 
 
 @functools.lru_cache(maxsize=1)
-def _tool() -> str | None:
-    return shutil.which("c++filt")
-
-
-MAX_NAME = 8192  # longer names stay mangled (bounded demangler work on hostile input)
-TIMEOUT_S = 60
-
-
-def available() -> bool:
-    return _tool() is not None
-
-
-def demangle_all(names, timeout: float = TIMEOUT_S) -> dict[str, str]:
-    """Map each name to its demangled form (itself when not a mangled C++ name); `timeout`
-    seconds at most (then names stay mangled)."""
-    names = list(dict.fromkeys(names))
-    out = {n: n for n in names}
-    mangled = [
-        n for n in names if n.startswith("_Z") and n.isascii() and n.isprintable() and len(n) <= MAX_NAME
-    ]
-    if not mangled:
-        return out
-    tool = _tool()
-    if tool is None:
-        return out
+def _library():
     try:
-        proc = subprocess.run(
-            [tool],
-            input="\n".join(mangled) + "\n",
-            capture_output=True,
-            text=True,
-            encoding="latin-1",
-            check=False,
-            timeout=max(min(timeout, TIMEOUT_S), 0.1),
-        )
-    except subprocess.TimeoutExpired:
-        return out  # a crafted name can make demanglers crawl: keep names mangled
-    lines = proc.stdout.split("\n")[:-1]
-    if proc.returncode == 0 and len(lines) == len(mangled):
-        out.update(zip(mangled, lines))
-    return out
+        import cpp_demangle
+    except ImportError:
+        return None
+    return cpp_demangle
+
+
+def name() -> str:
+    """What the report says about demangling."""
+    if _library() is not None:
+        return "cpp_demangle"
+    return "none: names shown mangled (pip install 'slim-kernel[audit]' for cpp-demangle; matching does not need it)"
+
+
+def demangle(raw: str) -> str:
+    """`raw` demangled, or `raw` itself (not a mangled name, no demangler, or too costly)."""
+    lib = _library()
+    start = raw.find("_Z")
+    if lib is None or start < 0 or len(raw) > MAX_NAME or len(_REF.findall(raw)) > MAX_REFS:
+        return raw
+    try:
+        return raw[:start] + lib.demangle(raw[start:])
+    except (ValueError, TypeError):
+        return raw

@@ -3,7 +3,9 @@
 A cubin names its kernels in `.text.<mangled>` sections and its symbol table; the translation
 unit it was compiled from survives in internal-linkage names, which nvcc spells
 ``_INTERNAL_<hash>_<len>_<file with . -> _>_<hash>`` (``<len>`` counts the file part, so
-``_29_dsv3_router_gemm_float_out_cu`` is ``dsv3_router_gemm_float_out.cu``). PTX names its
+``_29_dsv3_router_gemm_float_out_cu`` is ``dsv3_router_gemm_float_out.cu``), and, with
+``-lineinfo`` or ``-G``, in the file tables of its line tables (`.debug_line`,
+`.nv_debug_line_sass`, `.debug_line_str`), read as strings around each hit. PTX names its
 kernels in `.entry` directives and its target in `.target`. Both are read in windows from a
 `SpanStore` (or bytes), and names are handed on lazily, so nothing grows with the input.
 """
@@ -21,9 +23,11 @@ from .rules import Rules
 from .stream import WINDOW, SpanStore, context_windows, window_matches
 
 # Every pattern is shorter than OVERLAP, so a window sees each match whole.
-OVERLAP = 16 << 10
+OVERLAP = 64 << 10
 _TU = re.compile(rb"_INTERNAL_[0-9a-f]{1,64}_(\d{1,4})_")
-_PTX_ENTRY = re.compile(rb"\.entry\s{1,64}([A-Za-z_$%][\w$%]{0,4095})")
+_PTX_ENTRY = re.compile(rb"\.entry\s{1,64}([A-Za-z_$%][\w$%]{0,65000})")
+LINE_TABLES = (".debug_line", ".nv_debug_line_sass", ".debug_line_str")
+_FILE_NAME = re.compile(rb"[\x21-\x7e]*")
 _PTX_TARGET = re.compile(rb"\.target\s{1,64}(sm_\w{1,16})")
 _FILE_OK = re.compile(rb"^[A-Za-z0-9_]+$")
 
@@ -36,6 +40,7 @@ class DeviceCode:
     tu_ops: tuple[str, ...] = ()  # retired ops the TU names match
     names: Iterable[tuple[str, int, str]] = ()  # (raw name, size, what): may be lazy
     kernel_count: int = 0
+    line_files: tuple[str, ...] = ()  # line-table file names naming a retired op
 
 
 class _Tus:
@@ -78,11 +83,32 @@ def summarize_cubin(data, rules: Rules, limits: Limits, what: str, arch: str = "
         for m in window_matches(_TU, context_windows(elf.chunks(strtab), OVERLAP)):
             tus.add(m.string, m)
     kernels = sum(1 for s in elf.sections if s.name.startswith(".text."))
+    files = _line_files(elf, rules, limits)
+    ops = tuple(dict.fromkeys([*tus.ops(rules), *(op for f in files for op in rules.match(f))]))
     code = DeviceCode(
-        "cubin", arch or cubin_arch(elf), tuple(tus.found), tus.ops(rules), kernel_count=kernels
+        "cubin", arch or cubin_arch(elf), tuple(tus.found), ops, kernel_count=kernels, line_files=files
     )
     code.names = _cubin_names(elf, code, rules, limits, what, budget)
     return code
+
+
+def _line_files(elf: ElfFile, rules: Rules, limits: Limits) -> tuple[str, ...]:
+    """File and directory names in the cubin's line tables that name a retired op."""
+    found: dict[str, None] = {}
+    for sec in elf.sections:
+        if sec.name not in LINE_TABLES:
+            continue
+        for _, data, lo, hi in context_windows(elf.chunks(sec), 4096):
+            find = rules.finder(data, lo, hi)
+            pos = find.find(lo)
+            while pos >= 0:
+                first = pos - _FILE_NAME.match(data[max(0, pos - 4096) : pos][::-1]).end()
+                end = _FILE_NAME.match(data, pos, pos + 4096).end()
+                name = data[first:end].decode("latin-1")
+                if rules.match(name) and len(found) < limits.max_hits_per_member:
+                    found[name] = None
+                pos = find.find(end)
+    return tuple(found)
 
 
 def _cubin_names(elf: ElfFile, code: DeviceCode, rules: Rules, limits: Limits, what: str, budget):
@@ -107,9 +133,9 @@ def _cubin_names(elf: ElfFile, code: DeviceCode, rules: Rules, limits: Limits, w
         return
     hits = HitStrings(elf, elf.linked(symtab), rules, limits, budget)
     if hits:
-        for sym in elf.iter_symbols(symtab, hits):
+        for sym in elf.iter_symbols(symtab, hits, budget):
             name = sym.name.decode("latin-1")
-            if sym.defined and sym.type != 3 and new(name):
+            if sym.type != 3 and new(name):
                 yield name, sym.size, "kernel" if sym.type == STT_FUNC else "symbol"
 
 

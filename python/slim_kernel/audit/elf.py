@@ -9,9 +9,9 @@ Tables are read a window at a time, so a huge string or symbol table is never he
 from __future__ import annotations
 
 import struct
+import sys
 from array import array
 from bisect import bisect_right
-from dataclasses import dataclass
 from typing import NamedTuple
 
 from .limits import Budget, Limits, MalformedBinaryError
@@ -22,7 +22,7 @@ EM_CUDA = 190
 SHT_SYMTAB, SHT_STRTAB, SHT_NOBITS, SHT_DYNSYM = 2, 3, 8, 11
 STT_OBJECT, STT_FUNC = 1, 2
 SHN_UNDEF, SHN_XINDEX = 0, 0xFFFF
-MAX_NAME = 4 << 10  # symbol name bytes read; longer names are cut (real: 172)
+MAX_NAME = 1 << 20  # symbol name bytes read (real: 172); each KiB examined is budgeted
 
 
 class Section(NamedTuple):  # a tuple: cubins have thousands of sections
@@ -40,18 +40,10 @@ class Section(NamedTuple):  # a tuple: cubins have thousands of sections
         return 0 if self.type == SHT_NOBITS else self.size
 
 
-@dataclass(frozen=True)
-class Symbol:
+class Symbol(NamedTuple):
     name: bytes
-    value: int
     size: int
     type: int
-    bind: int
-    shndx: int
-
-    @property
-    def defined(self) -> bool:
-        return self.shndx != SHN_UNDEF
 
 
 class ElfFile:
@@ -157,26 +149,47 @@ class ElfFile:
         end = data.find(b"\x00")
         return data if end < 0 else data[:end]
 
-    def iter_symbols(self, sec: Section, wanted_names: HitStrings | None = None):
-        """Symbols of a SYMTAB/DYNSYM section, read a window at a time; with `wanted_names`,
-        only those whose name contains one of the hits (a cheap prefilter for huge tables)."""
+    def iter_symbols(
+        self, sec: Section, wanted_names: HitStrings | None = None, budget: Budget | None = None
+    ):
+        """Defined symbols of a SYMTAB/DYNSYM section, each distinct name once, read a window at
+        a time with the columns cut out in C (a row costs one budgeted step, whatever the table
+        holds); with `wanted_names`, only those whose name contains one of the hits."""
         strtab = self.linked(sec)
         entsize = 24 if self.is64 else 16
         if sec.size % entsize:
             raise MalformedBinaryError(f"{self.what}: {sec.name} size is not a multiple of {entsize}")
         if sec.size // entsize > self.limits.max_symbols:
             raise MalformedBinaryError(f"{self.what}: {sec.name} has too many symbols")
-        fmt = self.endian + ("IBBHQQ" if self.is64 else "IIIBBH")
+        budget = budget or Budget()
+        seen: set[int] = set()
         for _, data in self.chunks(sec, (WINDOW // entsize) * entsize):
-            for row in struct.iter_unpack(fmt, data):
-                if self.is64:
-                    name_off, info, _other, shndx, value, size = row
-                else:
-                    name_off, value, size, info, _other, shndx = row
-                if wanted_names is not None and not wanted_names.covers(name_off):
-                    continue
-                name = self.string_at(strtab, name_off)
-                yield Symbol(name, value, size, info & 0xF, info >> 4, shndx)
+            budget.step(len(data) // entsize, self.what)
+            names, shndx, info, sizes = self._symbol_columns(data)
+            defined = {off for off, ndx in zip(names, shndx) if ndx != SHN_UNDEF} - seen
+            if wanted_names is not None:
+                defined = {off for off in defined if wanted_names.covers(off)}
+            if not defined:
+                continue
+            for i, off in enumerate(names):
+                if off in defined and shndx[i] != SHN_UNDEF:
+                    defined.discard(off)
+                    seen.add(off)
+                    yield Symbol(self.string_at(strtab, off), sizes[i], info[i] & 0xF)
+
+    def _symbol_columns(self, data: bytes):
+        """(st_name, st_shndx, st_info, st_size) columns of whole symbol-table rows."""
+        swap = (self.endian == "<") != (sys.byteorder == "little")
+        words, halves = array("I", data), array("H", data)
+        if swap:
+            words.byteswap()
+            halves.byteswap()
+        if self.is64:
+            sizes = array("Q", data)
+            if swap:
+                sizes.byteswap()
+            return words[0::6], halves[3::12], data[4::24], sizes[2::3]
+        return words[0::4], halves[7::8], data[12::16], words[2::4]
 
 
 def cstr(buf: bytes, off: int, limit: int = 1 << 16) -> bytes:

@@ -1,4 +1,13 @@
-"""Turn a wheel scan into the audit result (the JSON contract) and a short human report."""
+"""Turn a wheel scan into the audit result (the JSON contract) and a short human report.
+
+A finding is evidence of compiled AOT code, in one of five classes (`EVIDENCE_CLASS`): an
+entry point (a defined symbol), a registration or schema (an op schema, a binding name or op
+table entry, a symbol or kernel name, a source path in a library's data), a kernel (in an
+embedded fatbin, PTX or raw cubin), a translation unit (nvcc's internal names, line tables),
+a shipped device file. A mention names a retired op without being code (a name inside a longer
+text, another library's qualified op name, device magic that is no device code): listed, never
+exit 1. Python, JIT sources and METADATA are `routed` (info).
+"""
 
 from __future__ import annotations
 
@@ -10,30 +19,20 @@ from .runner import WheelScan
 
 SCHEMA = 1  # version of the JSON written by `audit --json` and `size --json`
 
-LAYERS = (
-    "elf-dynsym",
-    "elf-symtab",
-    "rodata-schema",
-    "rodata-string",
-    "fatbin-kernel",
-    "fatbin-tu",
-    "ptx-entry",
-    "shipped-cubin",
-    "shipped-fatbin",
-    "shipped-ptx",
-)
-LAYER_TITLES = {
-    "elf-dynsym": "exported/defined dynamic symbols (demangled)",
-    "elf-symtab": "static symbol table (.symtab, when not stripped)",
-    "rodata-schema": "TORCH_LIBRARY op schemas in .rodata",
-    "rodata-string": "other .rodata strings (binding names, source paths)",
-    "fatbin-kernel": "kernels and symbols in embedded cubins",
-    "fatbin-tu": "translation units of embedded cubins/PTX",
-    "ptx-entry": "PTX .entry names in embedded fatbins",
-    "shipped-cubin": "shipped .cubin files",
-    "shipped-fatbin": "shipped .fatbin files",
-    "shipped-ptx": "shipped .ptx files",
+EVIDENCE_CLASS = {
+    "elf-dynsym": "entry point",  # defined dynamic symbols, matched in mangled form
+    "elf-symtab": "entry point",  # the static symbol table, when not stripped
+    "rodata-schema": "registration",  # op schemas in any allocated data section
+    "rodata-string": "registration",  # names, op tables, symbol names, source paths in data
+    "fatbin-kernel": "kernel",  # kernels and symbols of cubins in embedded fatbins
+    "ptx-entry": "kernel",  # .entry names of PTX in embedded fatbins
+    "embedded-cubin": "kernel",  # raw cubins (no fatbin around them) anywhere in any file
+    "fatbin-tu": "translation unit",  # nvcc internal names and line tables of embedded code
+    "shipped-cubin": "shipped device file",
+    "shipped-fatbin": "shipped device file",  # .fatbin files, fatbins inside any other file
+    "shipped-ptx": "shipped device file",
 }
+LAYERS = tuple(EVIDENCE_CLASS)
 
 
 def _stats(scan: WheelScan) -> Counter:
@@ -49,7 +48,9 @@ def _scanned(layer: str, st: Counter) -> str:
     if layer == "elf-symtab":
         return f"{st['elf-symtab_symbols']:,} static symbols"
     if layer.startswith("rodata"):
-        return f"{st['rodata_bytes']:,} bytes of .rodata"
+        return f"{st['data_bytes']:,} bytes of allocated data sections"
+    if layer == "embedded-cubin":
+        return f"{st['raw_cubins']} raw cubins"
     if layer in ("fatbin-kernel", "fatbin-tu"):
         return (
             f"{st['fatbin_containers']} fatbin containers, {st['fatbin_entries']} entries "
@@ -64,7 +65,7 @@ def _scanned(layer: str, st: Counter) -> str:
 
 
 def audit_result(scan: WheelScan, rules: Rules) -> dict:
-    """The contract's per-wheel JSON object (plus routed info and per-layer counts)."""
+    """The contract's per-wheel JSON object (plus mentions, routed info and per-layer counts)."""
     merged: dict[tuple[str, str, str, str], set[str]] = defaultdict(set)
     for s in scan.scans:
         for h in s.hits:
@@ -73,28 +74,44 @@ def audit_result(scan: WheelScan, rules: Rules) -> dict:
                 archs.add(h.arch)
     order = {layer: i for i, layer in enumerate(LAYERS)}
     findings = [
-        {"op": op, "member": member, "layer": layer, "evidence": evidence, "archs": sorted(archs)}
+        {
+            "op": op,
+            "member": member,
+            "layer": layer,
+            "class": EVIDENCE_CLASS[layer],
+            "evidence": evidence,
+            "archs": sorted(archs),
+        }
         for (op, member, layer, evidence), archs in sorted(
             merged.items(), key=lambda kv: (kv[0][0], order.get(kv[0][2], 99), kv[0][1], kv[0][3])
         )
     ]
-    routed = [r for s in scan.scans for r in s.routed]
+    unreadable = [u for s in scan.scans for u in s.unreadable]
     st = _stats(scan)
     per_layer = Counter(f["layer"] for f in findings)
-    ops_found = sorted({f["op"] for f in findings})
+    bad_layers = Counter(u["layer"] for u in unreadable)
     return {
         "wheel": scan.path,
-        "exit_code": 1 if findings else 0,
-        "clean": not findings,
-        "ops_found": ops_found,
+        "exit_code": 1 if findings else 2 if unreadable else 0,
+        "clean": not findings and not unreadable,
+        "ops_found": sorted({f["op"] for f in findings}),
         "findings": findings,
+        "mentions": [m for s in scan.scans for m in s.mentions],
+        "unreadable": unreadable,
         "seconds": round(scan.seconds, 3),
         "retired": rules.to_json(),
-        "routed": routed,
-        "layers": {layer: {"scanned": _scanned(layer, st), "findings": per_layer[layer]} for layer in LAYERS},
+        "routed": [r for s in scan.scans for r in s.routed],
+        "layers": {
+            layer: {
+                "scanned": _scanned(layer, st),
+                "findings": per_layer[layer],
+                "unreadable": bad_layers[layer],
+            }
+            for layer in LAYERS
+        },
         "members": len(scan.members),
         "bytes_unpacked": scan.unpacked,
-        "demangler": "c++filt" if demangle.available() else "none (names not demangled)",
+        "demangler": demangle.name(),
     }
 
 
@@ -116,7 +133,10 @@ def human_report(result: dict, examples: int = 3) -> str:
     if "error" in result:
         label = "MISSING DEPENDENCY" if result["exit_code"] == 3 else "UNREADABLE"
         return f"{name}: {label}: {result['error']}"
-    verdict = "CLEAN" if result["clean"] else f"RETIRED AOT CODE FOUND: {', '.join(result['ops_found'])}"
+    if result["ops_found"]:
+        verdict = f"RETIRED AOT CODE FOUND: {', '.join(result['ops_found'])}"
+    else:
+        verdict = "NOT ALL LAYERS READABLE" if result["unreadable"] else "CLEAN"
     lines.append(f"{name}: {verdict}")
     lines.append(
         f"  {result['members']} members, {result['bytes_unpacked']:,} bytes unpacked, "
@@ -138,6 +158,20 @@ def human_report(result: dict, examples: int = 3) -> str:
             archs = f" ({', '.join(f['archs'])})" if f["archs"] else ""
             where = f"{f['member']}: " if len(members) > 1 else ""
             lines.append(f"      {where}{_clip(f['evidence'])}{archs}")
+    for u in result["unreadable"][:examples]:
+        lines.append(f"  unreadable ({u['layer']}): {u['member']}: {u['reason']}")
+    mentions = result["mentions"]
+    if mentions:
+        ops = Counter(m["op"] or "device magic" for m in mentions)
+        lines.append(
+            "  mentions (not AOT code): "
+            + ", ".join(f"{op} x{n}" for op, n in sorted(ops.items()))
+            + f" in {len({m['member'] for m in mentions})} files"
+        )
+        for m in mentions[:examples]:
+            lines.append(f"      {m['member']}: {_clip(m['evidence'])}")
+    if not result["demangler"].startswith("cpp_demangle"):
+        lines.append(f"  demangler: {result['demangler']}")
     routed = result["routed"]
     if routed:
         files = {r["member"]: r["kind"] for r in routed}

@@ -48,8 +48,10 @@ class Limits:
     max_seconds: float = 300.0  # wall time per wheel
     max_total_unpacked: int = 16 * GiB  # sum of declared member sizes (per archive)
     max_member_unpacked: int = 4 * GiB
-    max_ratio: float = 200.0  # unpacked / compressed for zip members and gzip/bz2/xz streams...
-    ratio_floor: int = 4 * MiB  # ...once they are past this many bytes
+    # a gzip/bz2/xz stream around a nested tar has no declared size: it may not expand more
+    # than this ratio once past the floor (zip members have declared sizes: no ratio limit)
+    max_ratio: float = 200.0
+    ratio_floor: int = 4 * MiB
     max_members: int = 100_000
     max_entry_unpacked: int = 1 * GiB  # one fatbin entry after decompression
     max_entry_ratio: float = 1000.0  # fatbin payload decompression ratio
@@ -69,6 +71,10 @@ class Limits:
     # examined. sgl-kernel 0.3.21: 6,262.
     max_items: int = 250_000
     max_text_lines: int = 10_000  # routed/info lines examined per text member
+    # steps per wheel that cost a few nanoseconds each: symbol-table rows read, bytes of names
+    # and strings examined (per KiB). sgl-kernel 0.3.21: see audit/README.md.
+    max_steps: int = 40_000_000
+    max_spill: int = 1 * GiB  # bytes written to the private spill file (per process)
 
 
 @dataclass
@@ -80,10 +86,13 @@ class Budget:
     deadline: float = math.inf  # time.monotonic() value (system-wide, so valid in workers)
     seconds: float = math.inf  # the limit, for the message
     items: int = 0
+    steps: int = 0
+    spilled: int = 0
+    limits: Limits = Limits()
 
     @classmethod
     def starting_now(cls, limits: Limits) -> Budget:
-        return cls(time.monotonic() + limits.max_seconds, limits.max_seconds)
+        return cls(time.monotonic() + limits.max_seconds, limits.max_seconds, limits=limits)
 
     def check_time(self) -> None:
         if time.monotonic() > self.deadline:
@@ -98,6 +107,23 @@ class Budget:
         self.items += weight
         if self.items > limits.max_items:
             raise HostileArchiveError(f"{what}: {too_many_items(limits)}")
+
+    def step(self, n: int, what: str) -> None:
+        """Count `n` cheap steps (symbol rows, KiB of names and strings examined)."""
+        self.steps += n
+        if self.steps > self.limits.max_steps:
+            raise HostileArchiveError(
+                f"{what}: more than {self.limits.max_steps:,} steps of work in this wheel (symbol-table "
+                "rows, KiB of names and strings examined; hostile?)"
+            )
+
+    def spill(self, n: int, what: str) -> None:
+        self.spilled += n
+        if self.spilled > self.limits.max_spill:
+            raise HostileArchiveError(
+                f"{what}: more than {self.limits.max_spill:,} bytes to keep on disk while reading this "
+                "wheel (hostile?)"
+            )
 
 
 def too_many_items(limits: Limits) -> str:

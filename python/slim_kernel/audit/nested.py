@@ -2,15 +2,13 @@
 read as forward-only streams and their members scanned like the wheel's own, so compiled code
 cannot hide there. Nothing is written to disk.
 
-A nested zip of at most `ZIP_IN_MEMORY` bytes (TorchScript archives, small vendored wheels) is
-read into memory and opened like the wheel itself (central directory, same checks). A larger
-one is read by its local headers, in order: declared sizes get the same limits as the wheel's
-members, data is inflated with the same bounded, CRC-checked reader; a member whose sizes
-follow its data (a data descriptor, flag bit 3) cannot be delimited that way and is refused.
-A tar is read with
+A nested zip is copied (into memory up to `ZIP_IN_MEMORY` bytes, else into the private spill
+file) and opened like the wheel itself: central directory, same checks, same member reader, so
+members with data descriptors (jars, TorchScript archives) are read too. A tar is read with
 tarfile's stream mode; a gzip/bz2/xz layer is decompressed here so its ratio can be bounded
-like a zip member's. Nesting deeper than `MAX_DEPTH` is refused. Evidence from inside is
-prefixed with the inner path.
+(it declares no size); sparse tar members are refused (their holes would be read as zeros).
+Nesting deeper than `MAX_DEPTH` is refused. Evidence from inside is prefixed with the inner
+path.
 """
 
 from __future__ import annotations
@@ -21,17 +19,21 @@ import io
 import lzma
 import struct
 import tarfile
-import zipfile
 import zlib
 
-from .limits import NESTED_MEMBER_WEIGHT, AuditInputError, HostileArchiveError, check_ratio
-from .stream import SubReader
-from .wheel import Member, MemberStream, WheelArchive, check_name, check_sizes, open_member
+from .limits import (
+    NESTED_MEMBER_WEIGHT,
+    AuditInputError,
+    HostileArchiveError,
+    MissingDependencyError,
+    check_ratio,
+)
+from .stream import WINDOW, PrivateSpill, SubReader, copy_to_file
+from .wheel import WheelArchive
 
 MAX_DEPTH = 3
 ZIP_IN_MEMORY = 16 << 20
 ZIP_MAGIC = b"PK\x03\x04"
-_ZIP_END = (b"PK\x01\x02", b"PK\x05\x06", b"PK\x06\x06", b"PK\x06\x07")  # central directory, EOCD
 _TAR_NAMES = (".tar", ".tar.gz", ".tgz", ".tar.bz2", ".tbz2", ".tar.xz", ".txz")
 _OPENERS = {
     b"\x1f\x8b": lambda f: gzip.GzipFile(fileobj=f, mode="rb"),
@@ -40,9 +42,15 @@ _OPENERS = {
 }
 
 
+_FRAMES = {b"\x28\xb5\x2f\xfd": "zstd", b"\x04\x22\x4d\x18": "lz4"}  # a .zst / .lz4 file
+_FRAME_SUFFIXES = (".zst", ".zstd", ".lz4")
+
+
 def archive_kind(name: str, head: bytes) -> str | None:
     if head[:4] == ZIP_MAGIC:
         return "zip"
+    if head[:4] in _FRAMES:
+        return "compressed"
     if head[257:262] == b"ustar" or (name.lower().endswith(_TAR_NAMES) and head.startswith(tuple(_OPENERS))):
         return "tar"
     return None
@@ -55,7 +63,8 @@ def scan_archive(kind: str, src, col, ctx, depth: int, scan_member) -> None:
     if depth >= MAX_DEPTH:
         raise HostileArchiveError(f"{scan.member}: archives nested more than {MAX_DEPTH} deep")
     try:
-        for stream, name, unpacked, compressed in (_zip_members if kind == "zip" else _tar_members)(src, ctx):
+        members = {"zip": _zip_members, "tar": _tar_members, "compressed": _decompressed}[kind]
+        for stream, name, unpacked, compressed in members(src, ctx):
             ctx.budget.count(ctx.limits, name, NESTED_MEMBER_WEIGHT)
             _merge(col, scan_member(stream, name, unpacked, compressed, ctx, depth=depth + 1))
         src.skip(src.remaining)  # the rest (a central directory, padding) still gets its CRC checked
@@ -67,60 +76,70 @@ def scan_archive(kind: str, src, col, ctx, depth: int, scan_member) -> None:
 
 
 def _zip_members(src, ctx):
-    """(stream, name, unpacked, compressed) of each file of a zip."""
-    if src.remaining <= ZIP_IN_MEMORY:
-        data = src.take(src.remaining)
-        for m in WheelArchive(src.what, ctx.limits, data=data).members:
-            yield open_member(io.BytesIO(data), m), m.name, m.unpacked, m.compressed
-        return
-    lim, total, count = ctx.limits, 0, 0
-    while src.remaining >= 4:
-        src.fill(4)
-        if bytes(src.buf[:4]) in _ZIP_END:
-            break
-        head = src.take(30)
-        sig, _, flags, method, _, _, crc, csize, usize, n, m = struct.unpack("<4sHHHHHIIIHH", head)
-        if sig != ZIP_MAGIC:
-            raise AuditInputError(f"bad local header at offset {src.pos - 30}")
-        name = src.take(n).decode("utf-8" if flags & 0x800 else "cp437")
-        csize, usize = _zip64_sizes(src.take(m), csize, usize)
-        check_name(name)
-        if flags & 0x1:
-            raise AuditInputError(f"encrypted member cannot be read: {name!r}")
-        if flags & 0x8:
-            raise AuditInputError(
-                f"member {name!r} stores its sizes after its data (data descriptor), and the archive is "
-                f"larger than {ZIP_IN_MEMORY // (1 << 20)} MiB: it cannot be read as a stream; extract "
-                "the archive and audit its files"
-            )
-        count += 1
-        if count > lim.max_members:
-            raise HostileArchiveError(f"more than {lim.max_members} members")
-        if name.endswith("/") and usize == 0:
-            src.skip(csize)
-            continue
-        if method not in (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED):
-            raise AuditInputError(f"member {name!r}: compression method {method} is not supported here")
-        total = check_sizes(name, csize, usize, total, lim)
-        raw = SubReader(src, csize)
-        try:
-            yield MemberStream(raw, Member(name, csize, usize, crc=crc, method=method)), name, usize, csize
-        except zipfile.BadZipFile as exc:
-            raise AuditInputError(f"member {name!r} is corrupt: {exc}") from None
-        raw.drain()
+    """(stream, name, unpacked, compressed) of each file of a zip, read by its central directory
+    (so members with data descriptors are delimited too) from a copy: in memory up to
+    `ZIP_IN_MEMORY` bytes, else in the private spill file (counted against `Limits.max_spill`)."""
+    f, owner = copy_to_file(src, ZIP_IN_MEMORY)
+    try:
+        archive = WheelArchive(src.what, ctx.limits, fileobj=f)
+        for m in archive.members:
+            yield archive.open(m), m.name, m.unpacked, m.compressed
+    finally:
+        owner.close()
 
 
-def _zip64_sizes(extra: bytes, csize: int, usize: int) -> tuple[int, int]:
-    """Sizes from the zip64 extended-information field when the header says 0xFFFFFFFF."""
-    at = 0
-    while at + 4 <= len(extra):
-        tag, size = struct.unpack_from("<HH", extra, at)
-        if tag == 1:
-            values = iter(struct.unpack_from(f"<{min(size, 16) // 8}Q", extra, at + 4))
-            usize = next(values, usize) if usize == 0xFFFFFFFF else usize
-            csize = next(values, csize) if csize == 0xFFFFFFFF else csize
-        at += 4 + size
-    return csize, usize
+def _decompressed(src, ctx):
+    """The one file inside a zstd or LZ4 frame file (``k.fatbin.zst``, ``libs.tar.lz4``),
+    decompressed into memory or the private spill file (ratio-guarded: no declared size)."""
+    method = _FRAMES[bytes(src.buf[:4])]
+    raw = SubReader(src, src.remaining)
+    try:
+        if method == "zstd":
+            import zstandard
+
+            stream = zstandard.ZstdDecompressor().stream_reader(raw, read_across_frames=True)
+        else:
+            import lz4.frame
+
+            stream = lz4.frame.LZ4FrameFile(raw, "rb")
+    except ImportError as exc:
+        package = "zstandard" if method == "zstd" else "lz4"
+        raise MissingDependencyError(
+            f"{src.what}: reading {method} files needs the '{package}' package, a dependency of "
+            f"slim-kernel that is not installed: pip install {package}"
+        ) from exc
+    guarded = _RatioGuard(stream, raw, ctx.limits, f"{method} stream")
+    memory, spill, size = io.BytesIO(), None, 0
+    try:
+        while True:
+            try:
+                data = guarded.read(WINDOW)
+            except AuditInputError:
+                raise
+            except Exception as exc:  # zstandard.ZstdError, lz4's RuntimeError: corrupt data
+                raise AuditInputError(f"corrupt {method} data: {exc}") from None
+            if not data:
+                break
+            size += len(data)
+            if size > ctx.limits.max_member_unpacked:
+                raise HostileArchiveError(
+                    f"{method} stream: more than {ctx.limits.max_member_unpacked:,} bytes"
+                )
+            if spill is None and size > ZIP_IN_MEMORY:
+                spill = PrivateSpill(src.what, src.budget)
+                spill.write(memory.getvalue())
+            if spill is None:
+                memory.write(data)
+            else:
+                spill.write(data)
+        f = memory if spill is None else spill.file
+        f.seek(0)
+        name = src.what.rsplit("/", 1)[-1]
+        inner = name[: name.rfind(".")] if name.lower().endswith(_FRAME_SUFFIXES) else f"{name}!{method}"
+        yield f, inner, size, raw.consumed
+    finally:
+        if spill is not None:
+            spill.close()
 
 
 def _tar_members(src, ctx):
@@ -128,7 +147,7 @@ def _tar_members(src, ctx):
     src.fill(6)
     opener = next((o for magic, o in _OPENERS.items() if bytes(src.buf[: len(magic)]) == magic), None)
     raw = SubReader(src, src.remaining)  # the rest of the source, counting what was read
-    f = raw if opener is None else _RatioGuard(opener(raw), raw, lim)
+    f = raw if opener is None else _RatioGuard(opener(raw), raw, lim, "compressed tar stream")
     with tarfile.open(fileobj=f, mode="r|") as tf:
         for info in tf:
             count += 1
@@ -136,6 +155,11 @@ def _tar_members(src, ctx):
                 raise HostileArchiveError(f"more than {lim.max_members} tar members")
             if not info.isfile():
                 continue  # links and devices are never followed or created
+            if info.issparse():
+                raise HostileArchiveError(
+                    f"tar member {info.name!r} is sparse ({info.size:,} bytes with holes): not read; "
+                    "extract the archive and audit its files"
+                )
             total += info.size
             if info.size > lim.max_member_unpacked or total > lim.max_total_unpacked:
                 raise HostileArchiveError(f"tar member {info.name!r} exceeds the size limits (bomb?)")
@@ -145,8 +169,8 @@ def _tar_members(src, ctx):
 class _RatioGuard(io.RawIOBase):
     """A decompressed stream that may not outgrow `max_ratio` x the compressed bytes read."""
 
-    def __init__(self, stream, raw: SubReader, limits):
-        self._stream, self._raw, self._limits = stream, raw, limits
+    def __init__(self, stream, raw: SubReader, limits, what: str):
+        self._stream, self._raw, self._limits, self._what = stream, raw, limits, what
         self._produced = 0
 
     def readable(self) -> bool:
@@ -155,7 +179,7 @@ class _RatioGuard(io.RawIOBase):
     def read(self, n: int = -1) -> bytes:
         data = self._stream.read(n)
         self._produced += len(data)
-        check_ratio(self._produced, self._raw.consumed, self._limits, "compressed tar stream")
+        check_ratio(self._produced, self._raw.consumed, self._limits, self._what)
         return data
 
 

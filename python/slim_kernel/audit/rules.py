@@ -4,8 +4,15 @@ An op pattern is an exact name (``bmm_fp8``) or a glob with a literal prefix (``
 A name matches where the op appears as an identifier word: not preceded or followed by a letter
 or digit (``_`` and ``::`` are boundaries, so ``flashinfer::bmm_fp8::Layout``,
 ``dsv3_router_gemm_float_out.cu`` and ``_INTERNAL_..._29_dsv3_router_gemm_..`` match, while
-``dsv4_router_gemm`` and ``xbmm_fp8`` do not). Mangled C++ names must be demangled first: in
-``_Z16dsv3_router_gemm...`` the length prefix hides the boundary. Exact ops win over globs.
+``dsv4_router_gemm`` and ``xbmm_fp8`` do not). In an Itanium-mangled name (anything holding
+``_Z``: symbols, kernel names, ``$kernel$_Z...``) each source name is also read in its
+``<length><name>`` form, so ``_Z16dsv3_router_gemmRN2at6TensorE`` and template arguments
+match without a demangler. Exact ops win over globs.
+
+A string found in a library's data is a finding when it is a registration (an op schema, a
+bare or call-form name such as a binding name, a kernel or symbol name, a source path) and a
+mention when the name only sits inside a longer text (an error message, an embedded source
+string) or is another library's qualified op name (``flashinfer::bmm_fp8``): see `string_kind`.
 """
 
 from __future__ import annotations
@@ -21,6 +28,14 @@ _WORD = "A-Za-z0-9"
 _PATTERN_OK = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\*?$")
 # A TorchScript/TORCH_LIBRARY schema: [ns::]name[.overload](args) -> returns
 _SCHEMA = re.compile(r"^(?:[A-Za-z_]\w*::)?([A-Za-z_]\w*)(?:\.\w+)?\((.*)\)\s*->\s*\S.*$", re.S)
+# <length><source name> inside a mangled name (searched from the end of the previous name, so
+# a length right after a name ending in a digit, as in "3__467_GLOBAL__N_...", is whole)
+_SOURCE_NAME = re.compile(r"([0-9]+)(?=[A-Za-z_$])")
+_IDENT = re.compile(r"[A-Za-z0-9_$]+")
+# another library's op named by its qualified name: ns::op, ns.op (the op ends the string)
+_QUALIFIED = re.compile(r"^(?:[A-Za-z_]\w*(?:::|\.))+([A-Za-z_]\w*)$")
+# a function signature or call form: [ns::]name(...
+_CALL = re.compile(r"^(?:[A-Za-z_]\w*::)*[A-Za-z_]\w*\(")
 
 
 def parse_retired(values: list[str] | None) -> tuple[str, ...]:
@@ -50,6 +65,7 @@ class Rules:
     _exact: re.Pattern = field(init=False, repr=False, compare=False)
     _glob: re.Pattern | None = field(init=False, repr=False, compare=False)
     _tokens: tuple[bytes, ...] = field(init=False, repr=False, compare=False)
+    _words: tuple[str, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self):
         exact = sorted((p for p in self.patterns if not p.endswith("*")), key=len, reverse=True)
@@ -66,6 +82,7 @@ class Rules:
         lits = {p.rstrip("*").encode() for p in self.patterns}
         tokens = tuple(sorted(t for t in lits if not any(o != t and o in t for o in lits)))
         object.__setattr__(self, "_tokens", tokens)
+        object.__setattr__(self, "_words", tuple(t.decode() for t in tokens))
 
     # -- cheap byte-level prefilter (before demangling) -----------------------------------
     def finder(self, data, lo: int = 0, hi: int | None = None) -> Finder:
@@ -82,7 +99,18 @@ class Rules:
 
     # -- exact matching --------------------------------------------------------------------
     def match(self, text: str) -> list[str]:
-        """Retired ops named in `text` (demangled), exact ops before glob matches."""
+        """Retired ops named in `text`, or in a source name of the mangled name it holds."""
+        mangled = text.find("_Z")
+        if mangled < 0:
+            return list(dict.fromkeys(self._match_words(text)))
+        found = self._match_words(text[:mangled])  # a prefix such as "$kernel$" or "kernel "
+        for name in source_names(text, mangled):
+            if any(tok in name for tok in self._words):
+                found += self._match_words(name)
+        return list(dict.fromkeys(found))
+
+    def _match_words(self, text: str) -> list[str]:
+        """Retired ops appearing as identifier words in `text`, exact ops before glob matches."""
         found: list[str] = []
         spans: list[tuple[int, int]] = []
         for m in self._exact.finditer(text):
@@ -94,7 +122,7 @@ class Rules:
                 if any(a <= start < b for a, b in spans):
                     continue
                 found.append(m.group(1))
-        return list(dict.fromkeys(found))
+        return found
 
     def op_named(self, name: str) -> str | None:
         """The op if `name` is exactly a retired op name (or matches a glob in full)."""
@@ -106,8 +134,46 @@ class Rules:
         m = _SCHEMA.match(text.strip())
         return self.op_named(m.group(1)) if m else None
 
+    def string_kind(self, text: str) -> tuple[str, list[str]]:
+        """What a string from a library's data says: ("schema", [op]) for an op schema,
+        ("name", ops) for a registration-like string (one token, or a call form
+        ``op(...)``), ("mention", ops) for a name inside a longer text or another library's
+        qualified op name, ("", []) when it names no retired op."""
+        op = self.schema_op(text)
+        if op:
+            return "schema", [op]
+        ops = self.match(text)
+        if not ops:
+            return "", []
+        token = text.strip()
+        if not any(c.isspace() for c in token):
+            qualified = _QUALIFIED.match(token)
+            if qualified and self.op_named(qualified.group(1)):
+                return "mention", ops
+            return "name", ops
+        return ("name" if _CALL.match(token) else "mention"), ops
+
     def to_json(self) -> list[str]:
         return list(self.patterns)
+
+
+def source_names(text: str, at: int = 0):
+    """The ``<length><name>`` source names of the mangled name starting at `at`, left to right,
+    in linear time: a name's own bytes are skipped (digits inside it are not lengths), and the
+    end of the identifier run a length points into is found once per run."""
+    run_end = -1
+    while True:
+        m = _SOURCE_NAME.search(text, at)
+        if m is None:
+            return
+        start, n = m.end(), int(m.group(1)[:7])
+        if start >= run_end:
+            run_end = _IDENT.match(text, start).end()
+        if start + n <= run_end:
+            yield text[start : start + n]
+            at = start + n
+        else:
+            at = start
 
 
 class Finder:

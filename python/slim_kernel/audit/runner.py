@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, replace
 
 from .limits import AuditInputError, Budget, HostileArchiveError, MalformedBinaryError, MiB, too_many_items
 from .scan import MemberScan, ScanContext, scan_member
-from .wheel import Member, WheelArchive, open_member
+from .wheel import Member, WheelArchive, member_stream, open_regular
 
 BIG_MEMBER = 16 * MiB
 BATCH_BYTES = 32 * MiB
@@ -113,10 +113,12 @@ def _scan_task(path: str, members: list[Member], ctx: ScanContext, report=None):
             pending[0] = 0
 
     out = []
-    for m in members:  # validated by the parent: read each straight from its offset
-        with open_member(path, m) as stream:
+    with open_regular(path) as f:
+        for m in members:  # validated by the parent: read each straight from its offset
             try:
-                out.append(scan_member(stream, m.name, m.unpacked, m.compressed, ctx, on_progress))
+                out.append(
+                    scan_member(member_stream(f, m), m.name, m.unpacked, m.compressed, ctx, on_progress)
+                )
             except AuditInputError:
                 raise
             except (struct.error, IndexError, ValueError, OverflowError, UnicodeError) as exc:

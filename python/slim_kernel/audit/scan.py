@@ -2,9 +2,11 @@
 
 Member kinds (sniffed from content, not trusted from the name): host ELF (shared libraries,
 objects), cubin (ELF for EM_CUDA), fatbin, ar archive (of objects), nested zip/tar archives
-(see `nested`), PTX, other binary files (searched for embedded fatbins), and text, which is
-scanned and reported as routed/info (Python, JIT sources, metadata), never as AOT code. A host ELF is streamed: fatbin containers are parsed and dropped as they pass, all
-other bytes are retained in a `SpanStore` so the symbol tables and `.rodata` can be read after.
+(see `nested`), PTX, other binary files, and text, which is reported as routed/info (Python,
+JIT sources, metadata), never as AOT code. Every member is also searched, byte by byte, for
+embedded fatbins and raw cubins (`embedded`). A host ELF is streamed: fatbin containers are
+parsed and dropped as they pass, all other bytes are retained in a `SpanStore` so the symbol
+tables and every allocated data section can be read after.
 """
 
 from __future__ import annotations
@@ -15,18 +17,18 @@ from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 
 from . import demangle, fatbin, nested
-from .device import DeviceCode, summarize_cubin, summarize_ptx
+from .device import DeviceCode
 from .elf import ELF_MAGIC, EM_CUDA, ElfFile, HitStrings
+from .embedded import device_code, device_split
 from .limits import Budget, Limits, MalformedBinaryError
 from .rules import Rules
-from .stream import CHUNK, Pull, SpanStore, SubReader, context_windows
+from .stream import Pull, SpanStore, SubReader, context_windows
 
 AR_MAGIC = b"!<arch>\n"
 MAX_AR_NAMES = 16 << 20
 SNIFF = 4096  # bytes looked at to tell a member's kind
 LINE_CONTEXT = 160  # routed evidence: bytes of the line either side of a hit
 RUN_LIMIT = 512  # .rodata strings: bytes either side of a hit
-DEMANGLE_BATCH = 1024
 EVIDENCE_MAX = 1024  # characters of one finding's evidence kept (sgl-kernel 0.3.21: 443 at most)
 ROUTED_SNIPPETS = 3
 _PYTHON = {".py", ".pyi", ".pyx", ".pxd"}
@@ -73,6 +75,8 @@ class MemberScan:
     unpacked: int
     compressed: int
     hits: list[Hit] = field(default_factory=list)
+    mentions: list[dict] = field(default_factory=list)  # names that are not evidence of code
+    unreadable: list[dict] = field(default_factory=list)  # what could not be read, by layer
     routed: list[dict] = field(default_factory=list)
     blobs: list[Blob] = field(default_factory=list)
     stats: Counter = field(default_factory=Counter)
@@ -101,37 +105,45 @@ def classify(name: str, head: bytes) -> str:
         return "ptx"
     if routed_kind(name) == "other" and b"\x00" in head:
         return "binary"
-    return "text"
+    return "text"  # searched for device code like any file, and its lines reported as routed
 
 
 class _Collector:
-    """Gathers one member's candidate names, demangles them in batches, attributes ops, and
-    keeps bounded evidence: every candidate is examined (at most `max_candidates`), at most
+    """Gathers one member's evidence: attributes ops to each candidate name, and keeps bounded
+    evidence: every candidate is examined (at most `max_candidates`), at most
     `max_hits_per_member` distinct findings are kept per layer, plus the first of each further
-    op, and `max_repeats` repeats of kept ones."""
+    op, and `max_repeats` repeats of kept ones; at most `max_hits_per_member` mentions."""
 
     def __init__(self, scan: MemberScan, ctx: ScanContext):
         self.scan, self.ctx = scan, ctx
-        self._raw: list[tuple[str, str, int, str, tuple[str, ...], str]] = []
         self._examined = 0
         self._kept: Counter = Counter()
         self._extra: Counter = Counter()
         self._ops: set[tuple[str, str]] = set()
         self._evidence: dict[tuple[str, str, str], str] = {}
         self._repeats = 0
+        self._mentioned: set[tuple[str, str]] = set()
 
     def add(
         self, layer: str, name: str, size: int = 0, arch: str = "", ops: tuple[str, ...] = (), what: str = ""
     ):
+        """A name from compiled code (symbol, kernel, PTX entry): a finding for each retired op it
+        names (read in its mangled form: no demangler needed), and for `ops` (its TU's)."""
         self._examined += 1
-        self.ctx.budget.count(self.ctx.limits, self.scan.member)
+        self.ctx.budget.count(self.ctx.limits, self.scan.member, 1 + len(name) // 64)
         if self._examined > self.ctx.limits.max_candidates:
             raise MalformedBinaryError(
                 f"{self.scan.member}: more than {self.ctx.limits.max_candidates:,} names to examine (hostile?)"
             )
-        self._raw.append((layer, name, size, arch, ops, what))
-        if len(self._raw) >= DEMANGLE_BATCH:
-            self._flush()
+        found = dict.fromkeys([*ops, *self.ctx.rules.match(name)])
+        if not found:
+            return
+        text = demangle.demangle(name)
+        evidence = f"{what} {text}" if what else text
+        if text != name:
+            evidence += f" [{name}]"
+        for op in found:
+            self.hit(Hit(op, layer, evidence, size, arch, counted=not ops))
 
     def hit(self, hit: Hit) -> None:
         """Keep a finding unless its layer already holds enough distinct evidence; the same
@@ -158,6 +170,23 @@ class _Collector:
         self._ops.add((hit.layer, hit.op))
         self.scan.hits.append(hit)
 
+    def mention(self, op: str, layer: str, evidence: str) -> None:
+        """A retired-op name (or device magic, `op` "") that is not evidence of compiled code."""
+        evidence = evidence if len(evidence) <= EVIDENCE_MAX else evidence[: EVIDENCE_MAX - 3] + "..."
+        if (op, evidence) in self._mentioned:
+            return
+        if len(self._mentioned) >= self.ctx.limits.max_hits_per_member:
+            self.scan.stats["mentions_dropped"] += 1
+            return
+        self._mentioned.add((op, evidence))
+        self.scan.mentions.append(
+            {"op": op, "member": self.scan.member, "layer": layer, "evidence": evidence}
+        )
+
+    def unreadable(self, layer: str, why: str) -> None:
+        """Something of `layer` that this audit cannot read: the wheel cannot pass (exit 2)."""
+        self.scan.unreadable.append({"member": self.scan.member, "layer": layer, "reason": why})
+
     def add_device(self, code: DeviceCode, layers: tuple[str, str], stored: int, unpacked: int, comp: str):
         """Record a cubin/PTX payload; `layers` = (layer for TU evidence, layer for names)."""
         blob_layer, names_layer = layers
@@ -168,85 +197,25 @@ class _Collector:
         for tu_name in code.tus:
             for tu_op in self.ctx.rules.match(tu_name):
                 self.hit(Hit(tu_op, blob_layer, f"translation unit {tu_name}", stored, code.arch))
+        for path in code.line_files:
+            for file_op in self.ctx.rules.match(path):
+                self.hit(Hit(file_op, blob_layer, f"source file {path} (line table)", stored, code.arch))
         for name, size, what in code.names:
             # kernels of a retired TU are attributed to it; their bytes are inside the blob already
             self.add(names_layer, name, size, code.arch, code.tu_ops, what)
 
-    def _flush(self) -> None:
-        budget = self.ctx.budget
-        names = demangle.demangle_all((r[1] for r in self._raw), timeout=budget.left())
-        budget.check_time()
-        for layer, raw, size, arch, ops, what in self._raw:
-            text = names.get(raw, raw)
-            counted = not ops
-            for op in dict.fromkeys([*ops, *self.ctx.rules.match(text)]):
-                evidence = f"{what} {text}" if what else text
-                if text != raw:
-                    evidence += f" [{raw}]"
-                self.hit(Hit(op, layer, evidence, size, arch, counted))
-        self._raw.clear()
-
-    def finish(self) -> None:
-        self._flush()
-
 
 # -- host ELF (shared library or object) ----------------------------------------------------
+SHF_ALLOC, SHF_EXECINSTR = 0x2, 0x4
+_DATA_TYPES = {1, 14, 15, 16}  # PROGBITS, INIT_ARRAY, FINI_ARRAY, PREINIT_ARRAY
+
+
 def _scan_host_elf(src: Pull, col: _Collector, ctx: ScanContext, label: str) -> None:
-    stats = col.scan.stats
-
-    def on_entry(entry: fatbin.Entry, payload) -> None:
-        _entry_code(entry, payload, col, label, _embedded_layers)
-
     with SpanStore(src.size, ctx.limits.retained_in_memory, label, ctx.budget) as store:
-        _stream_containers(src, col, ctx, on_entry, store.add)
-        stats["elf_files"] += 1
+        for off, data in device_split(src, col, _embedded_layers, strict=True):
+            store.add(off, data)
+        col.scan.stats["elf_files"] += 1
         _scan_elf_tables(ElfFile(store, ctx.limits, label), store, col, ctx)
-
-
-def _stream_containers(src: Pull, col: _Collector, ctx: ScanContext, on_entry, keep) -> None:
-    """One pass over `src`: fatbin containers (wherever they are) go to `on_entry` entry by
-    entry; every other byte goes to `keep(offset, bytes)`."""
-    stats = col.scan.stats
-    while True:
-        avail = src.fill(CHUNK)
-        if avail == 0:
-            break
-        i = fatbin.find_container(src.buf)
-        if i < 0:
-            n = avail if src.remaining == avail else max(avail - len(fatbin.HEADER_PATTERN) + 1, 0)
-            keep(src.pos, src.take(n))
-            continue
-        keep(src.pos, src.take(i))
-        stats["fatbin_containers"] += 1
-        stats["fatbin_bytes"] += fatbin.read_container(src, ctx.limits, on_entry)
-
-
-def _entry_code(entry: fatbin.Entry, payload, col: _Collector, label: str, layers) -> None:
-    col.scan.stats["fatbin_entries"] += 1
-    col.scan.stats[f"fatbin_{entry.compression}"] += 1
-    what = f"{label}: fatbin entry at {entry.offset}"
-    stored = entry.header_size + entry.stored
-    _device_code(
-        col, entry.kind, payload, entry.unpacked, what, layers, stored, entry.compression, entry.arch
-    )
-
-
-def _device_code(col, kind, windows, size, what, layers, stored, compression="none", arch="") -> None:
-    """Summarize a cubin or PTX payload (consecutive windows of bytes) into `col`; `layers` =
-    (for its translation units, for its names), or a function of the code kind giving them."""
-    if kind not in ("cubin", "ptx"):
-        return  # other entry kinds: left undecompressed
-    ctx = col.ctx
-    with SpanStore(size, ctx.limits.retained_in_memory, what, ctx.budget) as store:
-        at = 0
-        for data in windows:
-            store.add(at, data)
-            at += len(data)
-        if kind == "cubin":
-            code = summarize_cubin(store, ctx.rules, ctx.limits, what, arch, ctx.budget)
-        else:
-            code = summarize_ptx(store, ctx.rules, ctx.limits, what, arch)
-        col.add_device(code, layers(code.kind) if callable(layers) else layers, stored, size, compression)
 
 
 def _merged(spans):
@@ -260,6 +229,20 @@ def _merged(spans):
     return out
 
 
+def data_sections(elf: ElfFile):
+    """(offset, size) of every allocated, non-executable section with contents: .rodata*,
+    .data*, .data.rel.ro, init arrays and any custom one (where op tables and strings live)."""
+    return [
+        (s.offset, s.file_size)
+        for s in elf.sections
+        if s.file_size
+        and (
+            s.name.startswith((".rodata", ".data"))
+            or (s.flags & SHF_ALLOC and not s.flags & SHF_EXECINSTR and s.type in _DATA_TYPES)
+        )
+    ]
+
+
 def _scan_elf_tables(elf: ElfFile, store: SpanStore, col: _Collector, ctx: ScanContext) -> None:
     stats = col.scan.stats
     for sec_name, layer in ((".dynsym", "elf-dynsym"), (".symtab", "elf-symtab")):
@@ -270,32 +253,28 @@ def _scan_elf_tables(elf: ElfFile, store: SpanStore, col: _Collector, ctx: ScanC
         hits = HitStrings(elf, elf.linked(sec), ctx.rules, ctx.limits, ctx.budget)
         if not hits:
             continue
-        for sym in elf.iter_symbols(sec, hits):
-            if sym.defined and sym.type != 3:  # STT_SECTION names are not symbols of code
+        for sym in elf.iter_symbols(sec, hits, ctx.budget):
+            if sym.type != 3:  # STT_SECTION names are not symbols of code
                 col.add(layer, sym.name.decode("latin-1"), sym.size, what="file" if sym.type == 4 else "")
-    if not elf.sections:  # no section headers: read every retained byte as if it were .rodata
-        spans = [(0, elf.size)]
-    else:
-        spans = _merged(
-            (s.offset, s.file_size) for s in elf.sections if s.name.startswith(".rodata") and s.file_size
-        )
+    # no section headers: read every retained byte as if it were data
+    spans = [(0, elf.size)] if not elf.sections else _merged(data_sections(elf))
     covered, seen = -1, set()
     for off, n in spans:
         for base, data, lo, hi in context_windows(store.pieces(off, n), RUN_LIMIT):
-            stats["rodata_bytes"] += hi - lo
+            stats["data_bytes"] += hi - lo
             for end, text in _strings_with_hits(data, lo, hi, max(covered - base, lo), ctx.rules):
-                ctx.budget.count(ctx.limits, col.scan.member)
+                ctx.budget.count(ctx.limits, col.scan.member, 1 + len(text) // 64)
                 covered = base + end
                 if text in seen:
                     continue
                 if len(seen) < 4 * ctx.limits.max_hits_per_member:
                     seen.add(text)
-                op = ctx.rules.schema_op(text)
-                if op:
-                    col.hit(Hit(op, "rodata-schema", text))
-                    continue
-                for op in ctx.rules.match(text):
-                    col.hit(Hit(op, "rodata-string", text))
+                kind, ops = ctx.rules.string_kind(text)
+                for op in ops:
+                    if kind == "mention":
+                        col.mention(op, "data-string", text)
+                    else:
+                        col.hit(Hit(op, "rodata-schema" if kind == "schema" else "rodata-string", text))
 
 
 def _strings_with_hits(data: bytes, lo: int, hi: int, start: int, rules: Rules):
@@ -344,19 +323,21 @@ def _scan_ar(src: Pull, col: _Collector, ctx: ScanContext, label: str) -> None:
             if bytes(sub.buf[:4]) == ELF_MAGIC:
                 _scan_host_elf(sub, col, ctx, sub.what)
             else:
-                sub.skip(size)
+                for _ in device_split(sub, col, _data_file_layers, strict=False):
+                    pass
         if size % 2 and src.remaining:
             src.take(1)
 
 
 # -- text-like members: routed/info only ----------------------------------------------------
-def _scan_text(src: Pull, scan: MemberScan, ctx: ScanContext) -> None:
+def _scan_text(pieces, scan: MemberScan, ctx: ScanContext) -> None:
+    """Lines naming retired ops in (offset, bytes) `pieces` of a text member: routed/info."""
     kind = routed_kind(scan.member)
     counts: Counter = Counter()
     snippets: dict[str, list[str]] = {}
     covered, lines = 0, 0
     limit = ctx.limits.max_text_lines
-    for base, data, lo, hi in context_windows(src.pieces(), LINE_CONTEXT):
+    for base, data, lo, hi in context_windows(pieces, LINE_CONTEXT):
         if lines >= limit:  # enough evidence: drain the rest for the CRC check only
             continue
         find = ctx.rules.finder(data, lo, hi)
@@ -378,7 +359,7 @@ def _scan_text(src: Pull, scan: MemberScan, ctx: ScanContext) -> None:
             covered = base + end
             pos = find.find(end)
     scan.stats["text_files"] += 1
-    scan.stats["text_bytes"] += src.size
+    scan.stats["text_bytes"] += scan.unpacked
     for op, n in counts.items():
         scan.routed.append(
             {"op": op, "member": scan.member, "kind": kind, "count": n, "evidence": snippets[op]}
@@ -398,30 +379,32 @@ def scan_member(
         _scan_host_elf(src, col, ctx, name)
     elif kind == "ar":
         _scan_ar(src, col, ctx, name)
-    elif kind in ("zip", "tar"):  # an archive inside the wheel: scan what it holds
+    elif kind in ("zip", "tar", "compressed"):  # an archive or .zst/.lz4 file: scan what it holds
         nested.scan_archive(kind, src, col, ctx, depth, scan_member)
-    elif kind in ("fatbin", "binary"):  # a shipped fatbin, or fatbins hidden in any binary file
-        _stream_containers(src, col, ctx, lambda e, p: _shipped_entry(e, p, col, name), _discard)
-        scan.stats[f"shipped_{kind}"] += 1
     elif kind in ("cubin", "ptx"):
         if unpacked > ctx.limits.max_entry_unpacked:
             raise MalformedBinaryError(f"{name}: {unpacked}-byte device file is over the limit")
         windows = (data for _, data in src.pieces())
-        _device_code(col, kind, windows, unpacked, name, (f"shipped-{kind}",) * 2, unpacked)
+        device_code(col, kind, windows, unpacked, name, (f"shipped-{kind}",) * 2, unpacked)
         scan.stats[f"shipped_{kind}"] += 1
-    else:
-        _scan_text(src, scan, ctx)
-    col.finish()
+    else:  # a shipped fatbin, any other file: device code anywhere in it; text: routed lines
+        pieces = device_split(src, col, _data_file_layers, strict=kind == "fatbin")
+        if kind == "text":
+            _scan_text(pieces, scan, ctx)
+        else:
+            for _ in pieces:
+                pass
+            scan.stats[f"shipped_{kind}"] += 1
     return scan
 
 
-def _discard(offset: int, data: bytes) -> None:
-    pass
-
-
-def _shipped_entry(entry: fatbin.Entry, payload, col: _Collector, name: str) -> None:
-    _entry_code(entry, payload, col, name, ("shipped-fatbin", "shipped-fatbin"))
-
-
 def _embedded_layers(kind: str) -> tuple[str, str]:
-    return "fatbin-tu", "ptx-entry" if kind == "ptx" else "fatbin-kernel"
+    """Layers of device code inside a host library."""
+    if kind == "cubin":
+        return "embedded-cubin", "embedded-cubin"
+    return "fatbin-tu", "ptx-entry" if kind == "fatbin-ptx" else "fatbin-kernel"
+
+
+def _data_file_layers(kind: str) -> tuple[str, str]:
+    """Layers of device code inside any other file (a shipped fatbin, a data or cache file)."""
+    return ("embedded-cubin",) * 2 if kind == "cubin" else ("shipped-fatbin",) * 2

@@ -110,6 +110,39 @@ class SubReader(io.RawIOBase):
         self._left = 0
 
 
+class PrivateSpill:
+    """An unlinked file in a private temporary directory (both removed on close) for bytes that
+    do not fit in memory; every byte written counts against the wheel's spill budget."""
+
+    def __init__(self, what: str, budget: Budget):
+        self._what, self._budget = what, budget
+        self._dir = tempfile.mkdtemp(prefix="slim-kernel-audit-")
+        self.file = tempfile.TemporaryFile(dir=self._dir)
+
+    def write(self, data) -> int:
+        self._budget.spill(len(data), self._what)
+        self.file.seek(0, os.SEEK_END)
+        at = self.file.tell()
+        self.file.write(data)
+        return at
+
+    def close(self) -> None:
+        self.file.close()
+        shutil.rmtree(self._dir, ignore_errors=True)
+
+
+def copy_to_file(src: Pull, memory_cap: int):
+    """(seekable file holding the rest of `src`, what to close): in memory up to `memory_cap`
+    bytes, else a `PrivateSpill`."""
+    if src.remaining <= memory_cap:
+        f = io.BytesIO(src.take(src.remaining))
+        return f, f
+    spill = PrivateSpill(src.what, src.budget)
+    for _, data in src.pieces():
+        spill.write(data)
+    return spill.file, spill
+
+
 class SpanStore:
     """Sparse copy of a member: retained spans by absolute offset, slice-readable like bytes."""
 
@@ -121,8 +154,7 @@ class SpanStore:
         self._starts: list[int] = []
         self._spans: list[tuple[int, int, bytes | None, int]] = []  # start, length, data, spill offset
         self._in_memory = 0
-        self._spill = None
-        self._spill_dir = None
+        self._spill: PrivateSpill | None = None
 
     def __len__(self) -> int:
         return self._size
@@ -130,24 +162,25 @@ class SpanStore:
     def add(self, start: int, data: bytes) -> None:
         if not data:
             return
-        if self._in_memory + len(data) <= self._cap:
+        if data == bytes(len(data)):  # zeros (padding, holes) are remembered, not kept
+            self._spans.append((start, len(data), None, -1))
+        elif self._in_memory + len(data) <= self._cap:
             self._spans.append((start, len(data), data, -1))
             self._in_memory += len(data)
         else:
             if self._spill is None:
-                self._spill_dir = tempfile.mkdtemp(prefix="slim-kernel-audit-")
-                self._spill = tempfile.TemporaryFile(dir=self._spill_dir)
-            off = self._spill.seek(0, os.SEEK_END)
-            self._spill.write(data)
-            self._spans.append((start, len(data), None, off))
+                self._spill = PrivateSpill(self._what, self._budget)
+            self._spans.append((start, len(data), None, self._spill.write(data)))
         self._starts.append(start)
 
     def _piece(self, i: int, lo: int, hi: int) -> bytes:
         start, length, data, spill_off = self._spans[i]
         if data is not None:
             return data[lo - start : hi - start]
-        self._spill.seek(spill_off + lo - start)
-        return self._spill.read(hi - lo)
+        if spill_off < 0:
+            return bytes(hi - lo)
+        self._spill.file.seek(spill_off + lo - start)
+        return self._spill.file.read(hi - lo)
 
     def pieces(self, off: int, n: int):
         """(absolute offset, bytes) of the retained parts of [off, off+n), at most WINDOW each."""
@@ -178,7 +211,6 @@ class SpanStore:
     def close(self) -> None:
         if self._spill is not None:
             self._spill.close()
-            shutil.rmtree(self._spill_dir, ignore_errors=True)
             self._spill = None
         self._spans.clear()
         self._starts.clear()

@@ -1,27 +1,35 @@
-"""Safe, streaming access to a wheel (zip) archive.
+"""Safe, streaming access to a zip archive (the wheel, or a zip inside it).
 
-`WheelArchive` validates the central directory before any member is read: not a zip, empty,
-too many members, zip bombs (absolute and ratio limits on declared sizes; zipfile itself stops
-at the declared size and fails the CRC if the data expands further), overlapping members,
-path traversal / absolute names, symlink members and duplicate names are refused with
-`AuditInputError` naming the member; so is a WHEEL that is not a regular file (a FIFO or a
-device is refused without blocking). Members are read as forward-only streams
-(`MemberStream`), never extracted.
+`WheelArchive` reads the central directory itself, one entry at a time, so the member limit
+stops a directory of millions of entries before it is held whole, and nothing is parsed twice.
+It refuses, with `AuditInputError` naming the member: not a zip, empty, too many members,
+declared sizes over the limits, members whose data overlap each other or the directory,
+path traversal / absolute names, symlink members, duplicate names, encrypted members, and a
+WHEEL that is not a regular file (a FIFO or a device is refused without blocking). Members are
+read as forward-only streams (`MemberStream`: stored, deflate, bzip2, LZMA), never extracted;
+output stops at the declared size and the CRC-32 is checked at the end.
 """
 
 from __future__ import annotations
 
+import bz2
 import io
+import lzma
 import os
 import stat
 import struct
-import zipfile
 import zlib
 from dataclasses import dataclass
 
 from .limits import AuditInputError, HostileArchiveError, Limits
 
-_ZIP_LOCAL_HEADER = 30
+STORED, DEFLATED, BZIP2, LZMA = 0, 8, 12, 14
+METHODS = {STORED: "stored", DEFLATED: "deflate", BZIP2: "bzip2", LZMA: "lzma"}
+_LOCAL = struct.Struct("<4sHHHHHIIIHH")  # local file header (30 bytes)
+_CENTRAL = struct.Struct("<4sHHHHHHIIIHHHHHII")  # central directory entry (46 bytes)
+_EOCD = struct.Struct("<4sHHHHIIH")  # end of central directory (22 bytes)
+_EOCD64 = struct.Struct("<4sQHHIIQQQQ")  # zip64 end of central directory (56 bytes)
+_CD_READ = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -31,7 +39,8 @@ class Member:
     unpacked: int
     offset: int = 0  # local header offset in the archive
     crc: int = 0
-    method: int = zipfile.ZIP_DEFLATED
+    method: int = DEFLATED
+    bound: int = -1  # where the next member (or the central directory) starts: data must end before
 
 
 def check_name(name: str) -> None:
@@ -44,86 +53,155 @@ def check_name(name: str) -> None:
         raise HostileArchiveError(f"path traversal in member name refused: {name!r}")
 
 
-def _is_symlink(info: zipfile.ZipInfo) -> bool:
-    # Unix mode lives in the high 16 bits of external_attr when created on a Unix host.
-    mode = info.external_attr >> 16
-    return info.create_system == 3 and stat.S_ISLNK(mode)
+def check_sizes(name: str, unpacked: int, total: int, lim: Limits) -> int:
+    """Refuse a member whose declared size breaks the limits; returns the new running total.
+    There is no ratio limit: every byte is read once, within the wheel's time limit."""
+    if unpacked > lim.max_member_unpacked:
+        raise HostileArchiveError(
+            f"member {name!r} declares {unpacked} bytes unpacked, over the limit of "
+            f"{lim.max_member_unpacked} (zip bomb?)"
+        )
+    total += unpacked
+    if total > lim.max_total_unpacked:
+        raise HostileArchiveError(f"archive unpacks to more than {lim.max_total_unpacked} bytes (zip bomb?)")
+    return total
 
 
 class WheelArchive:
-    """A validated wheel; open with `WheelArchive(path, limits)` (a context manager)."""
+    """A validated zip; `WheelArchive(path, limits)` (a context manager), or over an open
+    seekable `fileobj` (an archive inside a wheel; `path` then only names it, and the caller
+    keeps the file)."""
 
-    def __init__(self, path: str | os.PathLike, limits: Limits | None = None, data: bytes | None = None):
-        """`data`: the archive's bytes (an archive inside a wheel), `path` then only names it."""
+    def __init__(self, path: str | os.PathLike, limits: Limits | None = None, fileobj=None):
         self.path = os.fspath(path)
         self.limits = limits or Limits()
-        f = open_regular(self.path) if data is None else io.BytesIO(data)
+        self._owned = fileobj is None
+        self.file = open_regular(self.path) if fileobj is None else fileobj
         try:
-            self._zip = zipfile.ZipFile(f)
-        except (
-            zipfile.BadZipFile,
-            ValueError,
-            struct.error,
-            EOFError,
-            OverflowError,
-            NotImplementedError,
-        ) as exc:
-            f.close()
+            self.members = self._read_directory()
+        except (struct.error, UnicodeDecodeError, OverflowError) as exc:
+            self.close()
             raise AuditInputError(f"not a zip archive (a wheel is a zip file): {self.path}: {exc}") from None
         except OSError as exc:
-            f.close()
-            raise AuditInputError(f"cannot read wheel {self.path}: {exc}") from None
-        self._file = f
-        try:
-            self.members = self._validate(self._zip.infolist())
+            self.close()
+            raise AuditInputError(f"cannot read {self.path}: {exc}") from None
         except BaseException:
             self.close()
             raise
 
-    def _validate(self, infos: list[zipfile.ZipInfo]) -> list[Member]:
+    def _not_zip(self, why: str) -> AuditInputError:
+        return AuditInputError(f"not a zip archive (a wheel is a zip file): {self.path}: {why}")
+
+    def _directory_span(self) -> tuple[int, int, int]:
+        """(offset of the central directory, its size, bytes before the archive's offset 0)."""
+        f = self.file
+        size = f.seek(0, os.SEEK_END)
+        tail_at = max(0, size - (_EOCD.size + 0xFFFF))
+        f.seek(tail_at)
+        tail = f.read()
+        at = tail.rfind(b"PK\x05\x06")
+        if at < 0 or len(tail) - at < _EOCD.size:
+            raise self._not_zip("no end of central directory record")
+        _, disk, _, _, _, cd_size, cd_offset, _ = _EOCD.unpack_from(tail, at)
+        eocd = tail_at + at
+        end = eocd
+        if cd_offset == 0xFFFFFFFF or cd_size == 0xFFFFFFFF or disk == 0xFFFF:
+            loc = tail.rfind(b"PK\x06\x07", 0, at)
+            if loc < 0 or at - loc != 20:
+                raise self._not_zip("zip64 locator missing")
+            (rec,) = struct.unpack_from("<Q", tail, loc + 8)
+            f.seek(rec)
+            head = f.read(_EOCD64.size)
+            if len(head) != _EOCD64.size or head[:4] != b"PK\x06\x06":
+                raise self._not_zip("bad zip64 end of central directory")
+            cd_size, cd_offset = _EOCD64.unpack(head)[8:10]
+            end = rec
+        if disk not in (0, 0xFFFF):
+            raise AuditInputError(f"multi-disk zip archives are not supported: {self.path}")
+        prefix = end - cd_size - cd_offset
+        if prefix < 0:
+            raise self._not_zip("central directory runs past its end record")
+        return cd_offset + prefix, cd_size, prefix
+
+    def _entries(self):
+        """Central directory entries, read a window at a time and counted as they come."""
+        cd_at, cd_size, prefix = self._directory_span()
+        self.directory_offset = cd_at
+        f, lim = self.file, self.limits
+        buf, pos, left, count = b"", 0, cd_size, 0
+        while True:
+            if len(buf) - pos < _CENTRAL.size + 3 * 0xFFFF and left:
+                f.seek(cd_at + cd_size - left)
+                more = f.read(min(_CD_READ, left))
+                if not more:
+                    raise self._not_zip("truncated central directory")
+                buf, pos, left = buf[pos:] + more, 0, left - len(more)
+            if len(buf) - pos < _CENTRAL.size:
+                if len(buf) - pos:
+                    raise self._not_zip("trailing bytes in the central directory")
+                return
+            row = _CENTRAL.unpack_from(buf, pos)
+            if row[0] != b"PK\x01\x02":
+                raise self._not_zip(
+                    f"bad central directory entry at {cd_at + cd_size - left - len(buf) + pos}"
+                )
+            count += 1
+            if count > lim.max_members:
+                raise HostileArchiveError(f"more than {lim.max_members:,} members: over the limit")
+            n, m, k = row[10:13]
+            start = pos + _CENTRAL.size
+            raw_name, extra = buf[start : start + n], buf[start + n : start + n + m]
+            if len(buf) - start < n + m + k:
+                raise self._not_zip("truncated central directory entry")
+            pos = start + n + m + k
+            yield row, raw_name, extra, prefix
+
+    def _read_directory(self) -> list[Member]:
         lim = self.limits
-        if len(infos) > lim.max_members:
-            raise HostileArchiveError(f"{len(infos)} members exceed the limit of {lim.max_members}")
         seen: set[str] = set()
         members: list[Member] = []
         total = 0
-        for info in infos:
-            name = info.filename
+        for row, raw_name, extra, prefix in self._entries():
+            made_by, flags, method, crc, csize, usize = row[1], row[3], row[4], row[7], row[8], row[9]
+            external, offset = row[15], row[16]
+            name = raw_name.decode("utf-8" if flags & 0x800 else "cp437")
             check_name(name)
             if name in seen:
                 raise HostileArchiveError(f"duplicate member name refused: {name!r}")
             seen.add(name)
-            if _is_symlink(info):
+            if made_by >> 8 == 3 and stat.S_ISLNK(external >> 16):
                 raise HostileArchiveError(f"symlink member refused: {name!r}")
-            if info.is_dir():
+            usize, csize, offset = _zip64(extra, usize, csize, offset)
+            if name.endswith("/"):
                 continue
-            if info.flag_bits & 0x1:
+            if flags & 0x1:
                 raise AuditInputError(f"encrypted member cannot be read: {name!r}")
-            total = check_sizes(name, info.compress_size, info.file_size, total, lim)
-            members.append(
-                Member(
-                    name, info.compress_size, info.file_size, info.header_offset, info.CRC, info.compress_type
-                )
-            )
+            total = check_sizes(name, usize, total, lim)
+            members.append(Member(name, csize, usize, offset + prefix, crc, method))
         if not members:
             raise AuditInputError(f"empty wheel (no file members): {self.path}")
-        self._check_overlap(infos)
-        return members
+        return self._bounded(members)
 
-    @staticmethod
-    def _check_overlap(infos: list[zipfile.ZipInfo]) -> None:
-        """Refuse members whose compressed data overlap (the 'overlapping files' zip bomb)."""
-        spans = sorted(((i.header_offset, i) for i in infos if not i.is_dir()), key=lambda t: t[0])
-        for (start, info), (next_start, nxt) in zip(spans, spans[1:]):
-            end = start + _ZIP_LOCAL_HEADER + len(info.filename.encode()) + info.compress_size
-            if end > next_start:
-                raise HostileArchiveError(
-                    f"members {info.filename!r} and {nxt.filename!r} overlap (zip bomb?)"
-                )
+    def _bounded(self, members: list[Member]) -> list[Member]:
+        """Each member with the offset its data must end before; refuses overlapping members
+        (several entries sharing one stream: the 'overlapping files' zip bomb)."""
+        order = sorted(range(len(members)), key=lambda i: members[i].offset)
+        out = list(members)
+        for a, b in zip(order, order[1:] + [None]):
+            m = members[a]
+            bound = self.directory_offset if b is None else members[b].offset
+            if m.offset + _LOCAL.size + m.compressed > bound:
+                other = "the central directory" if b is None else repr(members[b].name)
+                raise HostileArchiveError(f"members {m.name!r} and {other} overlap (zip bomb?)")
+            out[a] = Member(m.name, m.compressed, m.unpacked, m.offset, m.crc, m.method, bound)
+        return out
+
+    def open(self, member: Member) -> MemberStream:
+        return member_stream(self.file, member)
 
     def close(self) -> None:
-        self._zip.close()
-        self._file.close()
+        if self._owned:
+            self.file.close()
 
     def __enter__(self) -> WheelArchive:
         return self
@@ -132,23 +210,18 @@ class WheelArchive:
         self.close()
 
 
-def check_sizes(name: str, compressed: int, unpacked: int, total: int, lim: Limits) -> int:
-    """Refuse a member whose declared sizes break the limits; returns the new running total."""
-    if unpacked > lim.max_member_unpacked:
-        raise HostileArchiveError(
-            f"member {name!r} declares {unpacked} bytes unpacked, over the limit of "
-            f"{lim.max_member_unpacked} (zip bomb?)"
-        )
-    if unpacked > lim.ratio_floor:
-        ratio = unpacked / max(compressed, 1)
-        if ratio > lim.max_ratio:
-            raise HostileArchiveError(
-                f"member {name!r} compression ratio {ratio:.0f}:1 exceeds {lim.max_ratio:.0f}:1 (zip bomb?)"
-            )
-    total += unpacked
-    if total > lim.max_total_unpacked:
-        raise HostileArchiveError(f"archive unpacks to more than {lim.max_total_unpacked} bytes (zip bomb?)")
-    return total
+def _zip64(extra: bytes, usize: int, csize: int, offset: int) -> tuple[int, int, int]:
+    """Sizes and offset from the zip64 extended-information field where the entry says 0xFFFFFFFF."""
+    at = 0
+    while at + 4 <= len(extra):
+        tag, size = struct.unpack_from("<HH", extra, at)
+        if tag == 1:
+            values = iter(struct.unpack_from(f"<{min(size, 24) // 8}Q", extra, at + 4))
+            usize = next(values, usize) if usize == 0xFFFFFFFF else usize
+            csize = next(values, csize) if csize == 0xFFFFFFFF else csize
+            offset = next(values, offset) if offset == 0xFFFFFFFF else offset
+        at += 4 + size
+    return usize, csize, offset
 
 
 _FILE_KINDS = (
@@ -179,56 +252,32 @@ def open_regular(path: str):
 
 
 def read_member(f, n: int, name: str) -> bytes:
-    """`f.read(n)` with zip errors (bad CRC, truncated data) turned into `AuditInputError`."""
+    """`f.read(n)` with corrupt data (bad CRC, truncated data) turned into `AuditInputError`."""
     try:
         return f.read(n)
-    except (zipfile.BadZipFile, zlib.error, EOFError, OSError, ValueError) as exc:
+    except (CorruptMember, zlib.error, EOFError, OSError, ValueError) as exc:
         raise AuditInputError(f"member {name!r} is corrupt: {exc}") from None
 
 
-def open_member(path: str | io.BytesIO, member: Member):
-    """Forward-only stream of a validated member of the archive at `path` (or in the buffer),
-    read straight from it by offset (workers never re-parse the central directory). Stored and
-    deflated members (all wheels in practice) use `MemberStream`; other methods fall back to
-    zipfile."""
-    f = open_regular(path) if isinstance(path, str) else path
+class CorruptMember(Exception):
+    pass
+
+
+def member_stream(f, member: Member) -> MemberStream:
+    """Forward-only stream of a validated member of the archive open as `f` (seekable; the
+    stream seeks before each read, so several may share it; closing the stream leaves `f` open)."""
     try:
-        if member.method not in (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED):
-            zf = zipfile.ZipFile(f)
-            return _ClosingStream(zf.open(member.name), zf, f)
         f.seek(member.offset)
-        head = f.read(_ZIP_LOCAL_HEADER)
-        if len(head) != _ZIP_LOCAL_HEADER or head[:4] != b"PK\x03\x04":
-            raise zipfile.BadZipFile(f"bad local header for {member.name!r}")
-        n, m = struct.unpack_from("<HH", head, 26)
-        start = member.offset + _ZIP_LOCAL_HEADER + n + m
-        if start + member.compressed > f.seek(0, os.SEEK_END):
-            raise zipfile.BadZipFile(f"member {member.name!r} runs past the end of the archive")
-        f.seek(start)
-        return MemberStream(f, member)
-    except (zipfile.BadZipFile, NotImplementedError, OSError, RuntimeError, KeyError) as exc:
-        f.close()
+        head = f.read(_LOCAL.size)
+        if len(head) != _LOCAL.size or head[:4] != b"PK\x03\x04":
+            raise CorruptMember(f"bad local header for {member.name!r}")
+        n, m = _LOCAL.unpack(head)[9:11]
+        start = member.offset + _LOCAL.size + n + m
+        if member.bound >= 0 and start + member.compressed > member.bound:
+            raise HostileArchiveError(f"member {member.name!r} overlaps the next one (zip bomb?)")
+        return MemberStream(f, start, member)
+    except (CorruptMember, OSError, NotImplementedError) as exc:
         raise AuditInputError(f"cannot read member {member.name!r}: {exc}") from None
-    except BaseException:
-        f.close()
-        raise
-
-
-class _ClosingStream(io.RawIOBase):
-    def __init__(self, stream, *owners):
-        self._stream, self._owners = stream, owners
-
-    def readable(self) -> bool:
-        return True
-
-    def read(self, n: int = -1) -> bytes:
-        return self._stream.read(n)
-
-    def close(self) -> None:
-        self._stream.close()
-        for owner in self._owners:
-            owner.close()
-        super().close()
 
 
 def _fast_inflater():
@@ -240,84 +289,120 @@ def _fast_inflater():
     return isal_zlib
 
 
-class MemberStream(io.RawIOBase):
-    """A stored or raw-deflate member's data, read forward from `f` (positioned at its first
-    compressed byte; closed with the stream).
+class _Decoder:
+    """One decompression API over zlib/isal (input left in `unconsumed_tail`) and bz2/lzma
+    (input kept inside): `step(data, n)` -> (at most n bytes out, input not yet taken)."""
 
-    Deflate uses `isal.isal_zlib` (about twice as fast as zlib) when installed, else `zlib`.
-    Output is bounded by the declared size (data that expands further is refused), and the
-    CRC-32 is checked at the end, as zipfile does."""
+    def __init__(self, method: int, name: str):
+        self.keeps_input = method in (BZIP2, LZMA)
+        self.crc32 = zlib.crc32
+        if method == DEFLATED:
+            lib = _fast_inflater() or zlib
+            self.crc32, self.errors = lib.crc32, (lib.error,)
+            self._d = lib.decompressobj(-15)
+        elif method == BZIP2:
+            self._d, self.errors = bz2.BZ2Decompressor(), (OSError, ValueError, EOFError)
+        elif method == LZMA:
+            self._d, self.errors = None, (lzma.LZMAError, ValueError, EOFError)
+        else:
+            raise NotImplementedError(f"compression method {method} of {name!r} is not supported")
+
+    def start_lzma(self, head: bytes) -> bytes:
+        """A zip LZMA member starts with version (2), properties size (2) and LZMA1 properties."""
+        (psize,) = struct.unpack_from("<H", head, 2)
+        props = head[4 : 4 + psize]
+        if psize != 5 or len(props) != 5 or props[0] >= 9 * 5 * 5:
+            raise CorruptMember("bad LZMA properties")
+        d, dict_size = props[0], int.from_bytes(props[1:5], "little")
+        filt = {"id": lzma.FILTER_LZMA1, "lc": d % 9, "lp": d // 9 % 5, "pb": d // 45, "dict_size": dict_size}
+        self._d = lzma.LZMADecompressor(lzma.FORMAT_RAW, filters=[filt])
+        return head[4 + psize :]
+
+    @property
+    def eof(self) -> bool:
+        return self._d.eof
+
+    def wants_input(self) -> bool:
+        return self._d.needs_input if self.keeps_input else True
+
+    def step(self, data: bytes, n: int) -> tuple[bytes, bytes]:
+        try:
+            out = self._d.decompress(data, n)
+        except self.errors as exc:
+            raise CorruptMember(f"invalid compressed data ({exc})") from None
+        return (out, b"") if self.keeps_input else (out, self._d.unconsumed_tail)
+
+
+class MemberStream(io.RawIOBase):
+    """A member's data read forward from `f` (stored, deflate, bzip2 or LZMA). Deflate uses
+    `isal.isal_zlib` (about twice as fast as zlib) when installed. Output is bounded by the
+    declared size (data that expands further is refused) and the CRC-32 is checked at the end."""
 
     IN_CHUNK = 1 << 20
 
-    def __init__(self, f, member: Member):
+    def __init__(self, f, start: int, member: Member):
         self._name = member.name
-        stored = member.method == zipfile.ZIP_STORED
+        self._f, self._at = f, start
+        stored = member.method == STORED
         if stored and member.compressed != member.unpacked:
-            raise zipfile.BadZipFile(f"stored member {member.name!r} has different packed and unpacked sizes")
-        self._f = f
-        lib = None if stored else (_fast_inflater() or zlib)
-        self._lib = lib or zlib
-        self._d = lib.decompressobj(-15) if lib is not None else None
-        self._in_left = member.compressed
-        self._out_left = member.unpacked
-        self._crc_expected = member.crc
-        self._crc = 0
+            raise CorruptMember(f"stored member {member.name!r} has different packed and unpacked sizes")
+        self._d = None if stored else _Decoder(member.method, member.name)
+        self._crc32 = zlib.crc32 if stored else self._d.crc32
+        self._in_left, self._out_left = member.compressed, member.unpacked
+        self._crc_expected, self._crc = member.crc, 0
         self._tail = b""
+        if member.method == LZMA:
+            self._tail = self._d.start_lzma(self._raw(min(64, self._in_left)))
 
     def readable(self) -> bool:
         return True
 
-    def _corrupt(self, why: str):
-        return zipfile.BadZipFile(f"member {self._name!r}: {why}")
+    def _raw(self, n: int) -> bytes:
+        self._f.seek(self._at)
+        data = self._f.read(n)
+        if len(data) != n:
+            raise CorruptMember(f"member {self._name!r}: archive truncated")
+        self._at += n
+        self._in_left -= n
+        return data
+
+    def _corrupt(self, why: str) -> CorruptMember:
+        return CorruptMember(f"member {self._name!r}: {why}")
 
     def read(self, n: int = -1) -> bytes:
         if n is None or n < 0:
             n = self._out_left
         n = min(n, self._out_left)
-        if self._d is None:  # stored
-            data = self._f.read(n)
-            if len(data) != n:
-                raise self._corrupt("archive truncated")
-            return self._account(data)
+        if self._d is None:
+            return self._account(self._raw(n))
         parts, got = [], 0
         while got < n:
-            if not self._tail:
+            if not self._tail and self._d.wants_input():
                 if not self._in_left:
                     raise self._corrupt("compressed data ends before the declared size")
-                self._tail = self._f.read(min(self.IN_CHUNK, self._in_left))
-                if not self._tail:
-                    raise self._corrupt("archive truncated")
-                self._in_left -= len(self._tail)
-            try:
-                out = self._d.decompress(self._tail, n - got)
-            except self._lib.error as exc:
-                raise self._corrupt(f"invalid deflate data ({exc})") from None
-            self._tail = self._d.unconsumed_tail
+                self._tail = self._raw(min(self.IN_CHUNK, self._in_left))
+            out, self._tail = self._d.step(self._tail, n - got)
             if self._d.eof and not out and got < n:
-                raise self._corrupt("deflate stream ends before the declared size")
+                raise self._corrupt("compressed stream ends before the declared size")
             parts.append(out)
             got += len(out)
         return self._account(b"".join(parts))
 
     def _account(self, data: bytes) -> bytes:
-        self._crc = self._lib.crc32(data, self._crc)
+        self._crc = self._crc32(data, self._crc)
         self._out_left -= len(data)
         if self._out_left == 0:
             self._finish()
         return data
 
     def _finish(self) -> None:
-        rest = b"" if self._d is None else self._tail + self._f.read(min(self._in_left, 1 << 16))
-        try:
-            more = bool(rest) and not self._d.eof and self._d.decompress(rest, 1)
-        except self._lib.error:
-            more = False  # trailing garbage after the declared size: the CRC decides
-        if more:
-            raise self._corrupt("data expands past its declared size")
+        if self._d is not None and not self._d.eof:
+            rest = self._tail or (self._raw(min(self._in_left, 1 << 16)) if self._in_left else b"")
+            try:
+                more = self._d.step(rest, 1)[0]
+            except CorruptMember:
+                more = b""  # trailing garbage after the declared size: the CRC decides
+            if more:
+                raise self._corrupt("data expands past its declared size")
         if self._crc != self._crc_expected:
             raise self._corrupt("bad CRC-32")
-
-    def close(self) -> None:
-        self._f.close()
-        super().close()

@@ -1,0 +1,162 @@
+"""Device code wherever it sits in a member: fatbin containers and raw cubins (an ELF image for
+EM_CUDA, as TensorRT-LLM-style ``unsigned char cubin[]`` arrays or cache files hold them) are
+searched for in every byte of every member, in one forward pass (`device_split`).
+
+A header is checked before it is trusted: a fatbin header must declare a size that fits and a
+first entry that parses, a cubin header must be a 64-bit little-endian ELF for EM_CUDA whose
+tables fit in the member. In a host library or a shipped fatbin a header that fails the check
+is malformed input (exit 2); anywhere else (a .pyc holding the fatbin magic as a constant, a
+data file) it is only a mention.
+"""
+
+from __future__ import annotations
+
+import struct
+
+from . import fatbin
+from .device import summarize_cubin, summarize_ptx
+from .elf import ELF_MAGIC, EM_CUDA
+from .limits import MalformedBinaryError
+from .stream import CHUNK, SpanStore
+
+CUBIN_HEADER = 64
+LOOKAHEAD = 16 + fatbin.ENTRY_BASE  # bytes a header check reads
+
+
+def device_split(src, col, layers, strict: bool):
+    """Yield (offset, bytes) of every byte of `src` (a `stream.Pull`) outside fatbin containers
+    (cubins are yielded too: they may sit inside a data section), recording the device code
+    found into `col`. `layers(kind)`: (layer for translation units, layer for names) of code of
+    that kind (`"cubin"` for a raw cubin, `"fatbin-cubin"`/`"fatbin-ptx"` for entries)."""
+    stats = col.scan.stats
+    while True:
+        avail = src.fill(CHUNK)
+        if avail == 0:
+            return
+        i, kind = _next_magic(src.buf)
+        more = src.remaining > avail
+        if i < 0 or (more and i + LOOKAHEAD > avail):  # none, or too near the buffer's end to check
+            n = i if i >= 0 else avail - LOOKAHEAD if more else avail
+            if n > 0:
+                yield src.pos, src.take(n)
+            continue
+        if i:
+            yield src.pos, src.take(i)
+        at = src.pos
+        why = _implausible(kind, src, col.ctx.limits)
+        if why:
+            if strict:
+                raise MalformedBinaryError(f"{src.what}: {kind} header at offset {at}: {why}")
+            col.mention("", "binary-magic", f"{kind} magic at offset {at} is not a valid {kind}: {why}")
+            yield at, src.take(4)
+            continue
+        if kind == "fatbin":
+            stats["fatbin_containers"] += 1
+            stats["fatbin_bytes"] += fatbin.read_container(
+                src, col.ctx.limits, lambda e, p: _entry(e, p, col, layers)
+            )
+        else:
+            stats["raw_cubins"] += 1
+            size = cubin_size(src.buf)
+            pieces = []  # the cubin's bytes also belong to the section around it
+            device_code(
+                col,
+                "cubin",
+                _tee(src.pieces(size), pieces),
+                size,
+                f"{src.what}: cubin at {at}",
+                layers("cubin"),
+                size,
+            )
+            yield from pieces
+
+
+def _tee(pieces, out: list):
+    for off, data in pieces:
+        out.append((off, data))
+        yield data
+
+
+def _next_magic(buf) -> tuple[int, str]:
+    """The first fatbin header or cubin ELF header in `buf`: (index, "fatbin"|"cubin"), or -1."""
+    fat = fatbin.find_container(buf)
+    at = buf.find(ELF_MAGIC)
+    while at >= 0 and (fat < 0 or at < fat):
+        if buf[at + 18 : at + 20] == EM_CUDA.to_bytes(2, "little") or len(buf) - at < 20:
+            return at, "cubin"
+        at = buf.find(ELF_MAGIC, at + 1)
+    return fat, "fatbin"
+
+
+def cubin_size(head) -> int:
+    """Bytes of the 64-bit little-endian cubin whose ELF header starts `head`: up to the end of
+    its section and program header tables."""
+    phoff, shoff = struct.unpack_from("<QQ", head, 32)
+    phentsize, phnum, shentsize, shnum = struct.unpack_from("<HHHH", head, 54)
+    return max(shoff + shnum * shentsize, phoff + phnum * phentsize, CUBIN_HEADER)
+
+
+def _implausible(kind: str, src, limits) -> str:
+    """Why the header at `src.pos` cannot be what its magic says ("" if it can)."""
+    head = bytes(src.buf[:LOOKAHEAD])
+    if kind == "fatbin":
+        if len(head) < 16:
+            return "truncated header"
+        (size,) = struct.unpack_from("<Q", head, 8)
+        if size > src.remaining - 16:
+            return f"declares {size:,} bytes of entries, only {src.remaining - 16:,} remain"
+        if size and len(head) < 16 + fatbin.ENTRY_BASE:
+            return "truncated first entry"
+        if size:
+            kind_id, _, hsize, stored = struct.unpack_from("<HHIQ", head, 16)
+            if not fatbin.ENTRY_BASE <= hsize <= fatbin.MAX_ENTRY_HEADER or stored > size:
+                return "its first entry header is not one"
+        return ""
+    if len(head) < CUBIN_HEADER or head[4:6] != b"\x02\x01" or head[18:20] != b"\xbe\x00":
+        return "not a 64-bit little-endian ELF header"
+    if struct.unpack_from("<H", head, 58)[0] != 64 or struct.unpack_from("<H", head, 60)[0] == 0:
+        return "no section header table"
+    size = cubin_size(head)
+    if size > src.remaining or size > limits.max_entry_unpacked:
+        return f"its tables end at {size:,}, past the {min(src.remaining, limits.max_entry_unpacked):,} bytes there"
+    return ""
+
+
+def _entry(entry: fatbin.Entry, payload, col, layers) -> None:
+    col.scan.stats["fatbin_entries"] += 1
+    col.scan.stats[f"fatbin_{entry.compression}"] += 1
+    if entry.kind not in ("cubin", "ptx"):
+        col.unreadable(
+            layers("fatbin-cubin")[1],
+            f"fatbin entry at {entry.offset} of kind {entry.kind} (not cubin or PTX)",
+        )
+        return
+    what = f"{col.scan.member}: fatbin entry at {entry.offset}"
+    stored = entry.header_size + entry.stored
+    device_code(
+        col,
+        entry.kind,
+        payload,
+        entry.unpacked,
+        what,
+        layers(f"fatbin-{entry.kind}"),
+        stored,
+        entry.compression,
+        entry.arch,
+    )
+
+
+def device_code(col, kind, windows, size, what, layers, stored, compression="none", arch="") -> None:
+    """Summarize a cubin or PTX payload (consecutive windows of bytes) into `col`; `layers` =
+    (layer for its translation units, layer for its names)."""
+    ctx = col.ctx
+    with SpanStore(size, ctx.limits.retained_in_memory, what, ctx.budget) as store:
+        at = 0
+        for data in windows:
+            store.add(at, data)
+            at += len(data)
+        if kind == "cubin":
+            code = summarize_cubin(store, ctx.rules, ctx.limits, what, arch, ctx.budget)
+        else:
+            code = summarize_ptx(store, ctx.rules, ctx.limits, what, arch)
+        col.add_device(code, layers, stored, size, compression)
