@@ -80,11 +80,12 @@ def _tee(pieces, out: list):
 def _next_magic(buf) -> tuple[int, str]:
     """The first fatbin header or cubin ELF header in `buf`: (index, "fatbin"|"cubin"), or -1."""
     fat = fatbin.find_container(buf)
-    at = buf.find(ELF_MAGIC)
-    while at >= 0 and (fat < 0 or at < fat):
+    end = fat if fat >= 0 else len(buf)  # only before it: back-to-back headers must not rescan the buffer each
+    at = buf.find(ELF_MAGIC, 0, end)
+    while at >= 0:
         if buf[at + 18 : at + 20] == EM_CUDA.to_bytes(2, "little") or len(buf) - at < 20:
             return at, "cubin"
-        at = buf.find(ELF_MAGIC, at + 1)
+        at = buf.find(ELF_MAGIC, at + 1, end)
     return fat, "fatbin"
 
 

@@ -186,9 +186,9 @@ def scan_wheel(
 
 
 def _run_pool(path: str, tasks: list[list[Member]], ctx: ScanContext, jobs: int, bar: Progress):
-    """Run tasks on worker processes, at most one in flight per worker (so after an error only
-    the running ones finish); progress reports are drained on this thread (no helper thread,
-    so forking workers is safe)."""
+    """Run tasks on worker processes, at most one in flight per worker; after an error (or the
+    time limit) the running ones are terminated. Progress reports are drained on this thread (no
+    helper thread, so forking workers is safe)."""
     method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
     mp = multiprocessing.get_context(method)
     queue = mp.SimpleQueue()
@@ -199,9 +199,8 @@ def _run_pool(path: str, tasks: list[list[Member]], ctx: ScanContext, jobs: int,
         while not queue.empty():
             bar.update(queue.get())
 
-    with ProcessPoolExecutor(
-        max_workers=workers, mp_context=mp, initializer=_init_worker, initargs=(queue,)
-    ) as pool:
+    pool = ProcessPoolExecutor(max_workers=workers, mp_context=mp, initializer=_init_worker, initargs=(queue,))
+    try:
         todo = iter(enumerate(tasks))
         running = {pool.submit(_scan_task, path, task, ctx): i for i, task in itertools.islice(todo, workers)}
         items = 0
@@ -217,4 +216,12 @@ def _run_pool(path: str, tasks: list[list[Member]], ctx: ScanContext, jobs: int,
                     running[pool.submit(_scan_task, path, task, ctx)] = i
             ctx.budget.check_time()
         drain()
+    except BaseException:
+        # an error, the time limit or an interrupt: the workers still scanning are stopped, not awaited
+        workers_left = list(getattr(pool, "_processes", {}).values())
+        pool.shutdown(wait=False, cancel_futures=True)
+        for proc in workers_left:
+            proc.terminate()
+        raise
+    pool.shutdown()
     return [scan for i in range(len(tasks)) for scan in results[i]]

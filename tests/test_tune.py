@@ -1,0 +1,183 @@
+"""Routing sources without a GPU: tuned tables (written, merged, refused), the estimate for unmeasured
+shapes, `slim-kernel tune`'s arguments, the models' shapes."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import warnings
+
+import pytest
+
+from slim_kernel import models, routing, tune
+from slim_kernel.names import FUSED_A, ROUTER
+
+H200 = routing.Device("NVIDIA H200", 132, "sm_90")
+
+
+@pytest.fixture
+def cache_dir(tmp_path, monkeypatch):
+    import functools
+
+    monkeypatch.setenv("SLIM_KERNEL_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(routing, "flashinfer_version", functools.cache(lambda: "0.7.4"))
+    routing.reload()
+    yield tmp_path
+    routing.reload()
+
+
+def _entry(m=1, pdl=False, us=None, shape=None, op=ROUTER):
+    return {"op": op, "shape": shape or {"e": 160, "k": 5120, "out": "float32"}, "m": m, "flashinfer": "0.7.4",
+            "pdl": pdl, "us": us or {"jit:direct_c8": 3.0, "torch": 7.0}}
+
+
+def _header(device=H200, flashinfer="0.7.4"):
+    return {"arch": device.arch, "device": device.name, "sms": device.sms, "flashinfer": flashinfer,
+            "generated_by": "test"}
+
+
+def test_models_and_shape_arguments():
+    assert models.model_shapes("DeepSeek-R1") == models.MODELS["deepseek-v3"]
+    assert {s.label() for s in models.model_shapes("kimi-k3")} == {
+        "router E=896 K=7168 float32", "router E=896 K=7168 bfloat16", "fused-A N=3648 K=7168"}
+    assert models.parse_router("160,5120") == models.router(160, 5120, "float32")
+    assert models.parse_router("128,7168,bf16").key() == {"e": 128, "k": 7168, "out": "bfloat16"}
+    assert models.parse_fused_a("2112,5120").key() == {"n": 2112, "k": 5120}
+    for bad, match in [("160", "E,K"), ("a,5120", "E,K"), ("160,5120,half", "float32 or bfloat16"),
+                       ("0,5120", "bad shape"), ("160,5121", "bad shape")]:
+        with pytest.raises(ValueError, match=match):
+            models.parse_router(bad)
+    with pytest.raises(ValueError, match="unknown model 'llama'"):
+        models.model_shapes("llama")
+    assert tune.parse_ms("1-4,8") == [1, 2, 3, 4, 8]
+    for bad in ("0-3", "65", "x", ""):
+        with pytest.raises(ValueError, match="--ms"):
+            tune.parse_ms(bad)
+
+
+def test_tune_cli_refuses_bad_arguments_and_a_missing_gpu():
+    run = lambda *a: subprocess.run([sys.executable, "-m", "slim_kernel", "tune", *a], capture_output=True,  # noqa: E731
+                                    text=True, timeout=120)
+    for args, needle in [((), "at least one"), (("--router", "1,x"), "--router"), (("--model", "nope"), "unknown"),
+                         (("--model", "glm-5", "--ms", "99"), "--ms")]:
+        proc = run(*args)
+        assert proc.returncode == 2 and needle in proc.stderr, proc.stderr
+    import torch
+
+    if not torch.cuda.is_available():
+        proc = run("--model", "glm-5")
+        assert proc.returncode == 2 and "needs a CUDA GPU" in proc.stderr
+
+
+def test_tuned_table_is_written_atomically_merged_and_preferred(cache_dir):
+    path = routing.tuned_path(H200, "0.7.4")
+    assert path.parent == cache_dir / routing.TUNED_DIR and "nvidia-h200-132sm" in path.name
+    tune.write_table(path, _header(), [_entry(1), _entry(2)])
+    tune.write_table(path, _header(), [_entry(2, us={"jit:ring_c8": 2.0}), _entry(1, shape={"n": 1536, "k": 5120},
+                                                                                 op=FUSED_A)])
+    data = json.loads(path.read_text())
+    assert len(data["entries"]) == 3 and not list(path.parent.glob(".tune-*"))  # merged, no temp file left
+    routing.reload()
+    dec = routing.lookup(ROUTER, {"e": 160, "k": 5120, "out": "float32"}, 2, False, H200)
+    assert dec.source == "tuned" and dec.point.best("jit") == ("ring_c8", 2.0)
+
+
+@pytest.mark.parametrize("corrupt", [
+    lambda d: d.update(schema=7),
+    lambda d: d["entries"][0].update(m="1"),
+    lambda d: d["entries"][0].update(m=500),
+    lambda d: d["entries"][0]["us"].update({"torch": -1.0}),
+    lambda d: d["entries"][0]["us"].update({"torch": float("inf")}),
+    lambda d: d["entries"][0]["us"].update({"torch": 1e9}),
+    lambda d: d["entries"][0].update(shape=[1, 2]),
+    lambda d: d["entries"].append("x"),
+    lambda d: d.update(device="NVIDIA H100"),  # measured on another device
+    lambda d: d.update(flashinfer="0.7.2.post1"),  # under another flashinfer
+], ids=["schema", "m-type", "m-range", "negative", "inf", "absurd", "shape-type", "entry-type", "device", "version"])
+def test_a_bad_tuned_table_is_refused_with_a_warning_never_a_crash(cache_dir, corrupt):
+    path = routing.tuned_path(H200, "0.7.4")
+    tune.write_table(path, _header(), [_entry(1)])
+    data = json.loads(path.read_text())
+    corrupt(data)
+    path.write_text(json.dumps(data))
+    routing.reload()
+    with pytest.warns(RuntimeWarning, match="ignoring the tuned routing table"):
+        assert routing.tuned_table(H200, "0.7.4") is None
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        dec = routing.lookup(ROUTER, {"e": 160, "k": 5120, "out": "float32"}, 1, False, H200)
+    assert dec is None or dec.source != "tuned"
+
+
+def test_truncated_or_non_json_tuned_table_is_refused(cache_dir):
+    path = routing.tuned_path(H200, "0.7.4")
+    path.parent.mkdir(parents=True)
+    for text in ("{", "[]", "\\x00\\x01", '{"schema": 1}'):
+        path.write_text(text)
+        routing.reload()
+        with pytest.warns(RuntimeWarning):
+            assert routing.tuned_table(H200, "0.7.4") is None
+
+
+def test_write_table_refuses_what_selection_would_refuse(cache_dir):
+    path = routing.tuned_path(H200, "0.7.4")
+    tune.write_table(path, _header(), [_entry(1)])
+    before = path.read_text()
+    with pytest.raises(ValueError):
+        tune.write_table(path, _header(), [_entry(1, us={"torch": float("nan")})])
+    assert path.read_text() == before  # the previous table stays in force
+
+
+def test_unmeasured_shapes_are_estimated_from_every_measured_shape_and_say_so(cache_dir):
+    shipped = routing.table("sm_90")
+    shape = {"e": 160, "k": 5120, "out": "float32"}
+    assert shipped.lookup(ROUTER, shape, 4, "0.7.4", False) is None  # no table has it: never another shape's point
+    dec = routing.lookup(ROUTER, shape, 4, False, H200)
+    assert dec.source == "estimate" and dec.estimated and "slim-kernel tune" in dec.match
+    assert all(c.partition(":")[0] in ("jit", "flashinfer", "torch") for c, _ in dec.point.us)
+    # another GPU of the same SM count: the shipped point, flagged as an estimate
+    h100 = routing.Device("NVIDIA H100 80GB HBM3", 132, "sm_90")
+    dec = routing.lookup(ROUTER, {"e": 256, "k": 7168, "out": "float32"}, 4, False, h100)
+    assert dec.source == "shipped" and dec.estimated and "NVIDIA H200" in dec.match
+    # another SM count (an H20's 78): re-derived for that grid, not the H200's numbers
+    h20 = routing.Device("NVIDIA H20", 78, "sm_90")
+    assert routing.lookup(ROUTER, {"e": 256, "k": 7168, "out": "float32"}, 4, False, h20).source == "estimate"
+
+
+def test_estimate_weighs_measured_shapes_by_how_alike_the_candidates_grid_lands():
+    from slim_kernel import estimate
+
+    # two candidates, two measured shapes: "jit:direct_c8" wins at the shape whose grid is like the
+    # query's, "torch" at the far one; the estimate follows the alike one
+    tab = routing.Table({"schema": 1, "arch": "sm_90", "entries": [
+        _entry(8, us={"jit:direct_c8": 4.0, "torch": 6.0}, shape={"e": 256, "k": 7168, "out": "float32"}),
+        _entry(8, us={"jit:direct_c8": 9.0, "torch": 3.0}, shape={"e": 16, "k": 512, "out": "float32"}),
+    ]}, "test")
+    dec = estimate.estimate(ROUTER, {"e": 288, "k": 7168, "out": "float32"}, 8, False, H200, [tab], "0.7.4")
+    assert dec.point.us[0][0] == "jit:direct_c8"
+    # narrow's straight-line body (K = 7168 only) never stands in for its generic one
+    assert estimate.body(ROUTER, "jit:narrow_r1kc", 256, 7168, 4) == "exact"
+    assert estimate.body(ROUTER, "jit:narrow_r1kc", 256, 6144, 4) == ""
+    tab = routing.Table({"schema": 1, "arch": "sm_90", "entries": [
+        _entry(4, us={"jit:narrow_r1kc": 2.0, "torch": 6.0}, shape={"e": 256, "k": 7168, "out": "float32"}),
+        _entry(4, us={"jit:narrow_r1kc": 2.5, "torch": 6.0}, shape={"e": 384, "k": 7168, "out": "float32"})]}, "t")
+    dec = estimate.estimate(ROUTER, {"e": 256, "k": 5120, "out": "float32"}, 4, False, H200, [tab], "0.7.4")
+    assert [c for c, _ in dec.point.us] == ["torch"]
+
+
+def test_info_json_explains_every_estimate(monkeypatch):
+    import torch
+
+    import slim_kernel.ops  # noqa: F401
+    from slim_kernel import info, registry
+
+    monkeypatch.setattr(registry, "arch", lambda device: "sm_90")
+    monkeypatch.setattr(registry, "_capability", lambda index: (9, 0))
+    monkeypatch.setattr(registry, "routing_device", lambda device: routing.Device("NVIDIA H20", 78, "sm_90"))
+    rows = info._picks(torch.device("cuda", 0))
+    shapes = {(r["op"], json.dumps(r["shape"], sort_keys=True)) for r in rows}
+    assert shapes >= {(s.op, json.dumps(s.key(), sort_keys=True)) for s in models.all_shapes()}
+    for r in rows:  # another SM count: every pick is an estimate, explained, with the tune command
+        assert r["source"] in ("estimate", "priority") and r["estimate"] == (r["source"] == "estimate")
+        assert r["why"] and r["tune"].startswith("slim-kernel tune --")
