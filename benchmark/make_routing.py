@@ -148,6 +148,30 @@ def merge_summary(path: Path, reports: list[dict]) -> dict:
     return {"schema": SCHEMA, "rows": rows}
 
 
+HEADLINE_MS = (1, 4, 8, 16, 32, 64)
+
+
+def summary_markdown(rows: list[dict], producer: str = "plain") -> str:
+    """One line per flashinfer version and shape: the default's µs / the best anchor's (ratio) at
+    HEADLINE_MS, and how many points of all its M win, tie and lose (the results README's tables)."""
+    groups: dict[tuple, list[dict]] = {}
+    for r in rows:
+        if r["producer"] == producer:
+            groups.setdefault((r["flashinfer"], r["op"], json.dumps(r["shape"]), bool(r.get("unnamed"))), []).append(r)
+    head = "| flashinfer | shape | " + " | ".join(f"M={m}" for m in HEADLINE_MS) + " | win / tie / loss |"
+    lines = [head, "|" + " --- |" * (len(HEADLINE_MS) + 3)]
+    for (version, op, shape, unnamed), rs in sorted(groups.items()):
+        by_m = {r["m"]: r for r in rs}
+        cells = [f"{by_m[m]['ours_us']:.2f} / {by_m[m]['best_anchor_us']:.2f} ({by_m[m]['ratio']:.2f}x)"
+                 if m in by_m else "-" for m in HEADLINE_MS]
+        verdicts = [winner(r["ratio"], "anchor") for r in rs]
+        label = op.removeprefix("dsv3_").removesuffix("_gemm") + " " + " ".join(
+            f"{k}={v}" for k, v in json.loads(shape).items()) + (" (unnamed: estimate)" if unnamed else "")
+        lines.append(f"| {version} | {label} | " + " | ".join(cells) + f" | {verdicts.count('slim-kernel')} / "
+                     f"{verdicts.count('tie')} / {verdicts.count('anchor')} |")
+    return "\n".join(lines)
+
+
 def dumps_table(table: dict) -> str:
     """The table as JSON with one entry per line (reviewable diffs, small files)."""
     head = {k: v for k, v in table.items() if k != "entries"}
@@ -161,7 +185,13 @@ def main(argv=None) -> int:
                                                f"{RESULTS_DIR.relative_to(ROOT)})")
     ap.add_argument("--table", default=str(TABLE), help="routing table to write")
     ap.add_argument("--summary", help="decode_step_summary.json to write (default with no RESULTS: the committed one)")
+    ap.add_argument("--markdown", choices=("plain", "pdl"), help="print the summary as a markdown table of that "
+                                                                  "producer's rows instead (nothing is written)")
     args = ap.parse_args(argv)
+    if args.markdown:
+        summary = Path(args.summary) if args.summary else SUMMARY
+        print(summary_markdown(json.loads(summary.read_text())["rows"], args.markdown))
+        return 0
     committed = not args.results
     paths = [RESULTS_DIR / r for r in RESULTS] if committed else [Path(p) for p in args.results]
     reports = merge_reports([json.loads(p.read_text()) for p in paths])
