@@ -1,5 +1,8 @@
 import functools
 import os
+import shutil
+import subprocess
+from pathlib import Path
 
 import pytest
 import torch
@@ -50,3 +53,16 @@ def gen():
     seed = torch.randint(0, 2**31 - 1, ()).item()
     print(f"seed={seed}")
     return torch.Generator().manual_seed(seed)
+
+
+@pytest.fixture(scope="session")
+def fake_driver(tmp_path_factory):
+    """A fake libcuda.so.1 (tests/jit_fixtures/fake_libcuda.c) in a directory for LD_LIBRARY_PATH."""
+    cc = shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
+    if cc is None:
+        pytest.skip("no C compiler for the fake driver")
+    out = tmp_path_factory.mktemp("fake_cuda")
+    source = Path(__file__).resolve().parent / "jit_fixtures" / "fake_libcuda.c"
+    subprocess.run([cc, "-shared", "-fPIC", "-O1", "-o", str(out / "libcuda.so.1"), str(source),
+                    "-Wl,-soname,libcuda.so.1"], check=True)
+    return out

@@ -7,8 +7,6 @@ Importing this package needs no GPU, driver or compiler; they are looked up on f
 - :func:`available` -> None, or why the JIT cannot run here (the JIT backend's probe)
 - :func:`runtime_info` -> what ``slim-kernel info`` prints
 - :func:`resource_usage` ``(instance, arch)`` -> registers / spills / static smem (ptxas report)
-- :func:`tensor_map` ``(ptr, dims, strides_bytes, box, *, dtype, swizzle, ...)`` -> :class:`TensorMap`,
-  a TMA descriptor for a kernel parameter of signature code ``t``
 
 Environment: ``SLIM_KERNEL_JIT_COMPILER=nvrtc|nvcc``, ``SLIM_KERNEL_CACHE_DIR``,
 ``SLIM_KERNEL_LAUNCHER=native|python``.
@@ -23,7 +21,6 @@ from .resources import ResourceUsage, check_limits
 from .runtime import LoadedKernel, available, get_kernel, launcher_name
 from .sources import declared_limits
 from .spec import KernelInstance
-from .tma import TensorMap, tensor_map
 
 __all__ = [
     "CompileError",
@@ -31,7 +28,6 @@ __all__ = [
     "KernelInstance",
     "LoadedKernel",
     "ResourceUsage",
-    "TensorMap",
     "arch_for_capability",
     "arch_for_device",
     "available",
@@ -45,7 +41,6 @@ __all__ = [
     "normalize_arch",
     "resource_usage",
     "runtime_info",
-    "tensor_map",
 ]
 
 
