@@ -10,6 +10,7 @@ import argparse
 import importlib
 import os
 import sys
+import warnings
 
 from ._version import __version__
 
@@ -23,6 +24,9 @@ COMMANDS = {
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    # A CPU build of torch without numpy warns "Failed to initialize NumPy" on import; slim-kernel
+    # uses no numpy, so the commands keep that noise out of their output (library users keep it).
+    warnings.filterwarnings("ignore", message="Failed to initialize NumPy", category=UserWarning)
     parser = argparse.ArgumentParser(prog="slim-kernel", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=f"slim-kernel {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
