@@ -327,14 +327,15 @@ def _record_baseline_scope(report: dict, selection: dict) -> None:
     scope = dict(selection)
     if selection["set"] == "subset":
         per_op = report["baseline"]["per_op"]
-        estimate = sum(per_op[op]["device"] * selection["catalogue_per_op"][op] // n
-                       for op, n in selection["per_op"].items() if op in per_op)
-        scope["full_device_bytes_estimate"] = estimate
+        ops = [op for op in selection["per_op"] if op in per_op]
+        measured = sum(per_op[op]["device"] for op in ops)
+        estimate = sum(per_op[op]["device"] * selection["catalogue_per_op"][op] // selection["per_op"][op] for op in ops)
+        scope["kernel_device_bytes"], scope["full_kernel_device_bytes_estimate"] = measured, estimate
         scope["summary"] = (f"subset: {selection['instances']} of {selection['catalogue']} instances "
-                            f"({selection['rule']}), so the reduction above is a lower bound; scaled per op by the "
-                            f"catalogue's instance count, the full set would hold about {_kib(estimate)} of device "
-                            f"code against {_kib(report['baseline']['device_bytes'])} here. {ENV_AOT_SET}=full "
-                            "builds and measures every instance.")
+                            f"({selection['rule']}), so the reduction above is a lower bound. Their kernels take "
+                            f"{_kib(measured)} of device code; scaled per op by the catalogue's instance count (a rough "
+                            f"estimate: instances of one op differ in size), all {selection['catalogue']} would take "
+                            f"about {_kib(estimate)}. {ENV_AOT_SET}=full builds and measures every instance.")
     else:
         scope["summary"] = f"full: all {selection['catalogue']} instances of the catalogue (measured, not scaled)"
     report["aot_baseline"] = scope
