@@ -66,3 +66,18 @@ def fake_driver(tmp_path_factory):
     subprocess.run([cc, "-shared", "-fPIC", "-O1", "-o", str(out / "libcuda.so.1"), str(source),
                     "-Wl,-soname,libcuda.so.1"], check=True)
     return out
+
+
+@pytest.fixture
+def cache_dir(tmp_path, monkeypatch):
+    """A private, empty JIT cache ($SLIM_KERNEL_CACHE_DIR): compiling allowed, no trace file."""
+    from slim_kernel import knobs
+    from slim_kernel.jit import cache
+
+    root = tmp_path / "cache"
+    monkeypatch.setenv(cache.ENV_CACHE_DIR, str(root))
+    monkeypatch.delenv(cache.ENV_TRACE, raising=False)
+    monkeypatch.delenv(knobs.ENV_JIT, raising=False)
+    cache.clear_memory()
+    yield root
+    cache.clear_memory()

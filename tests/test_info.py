@@ -111,3 +111,17 @@ def test_picks_cover_both_launch_contexts_under_auto(monkeypatch):
         assert {r["pdl"] for r in info._picks(torch.device("cuda", 0))} == {False}
     finally:
         knobs.set_pdl(old)
+
+
+@pytest.mark.parametrize("installed,note", [("0.7.5", True), ("0.7.4", False), (None, False)])
+def test_info_names_a_flashinfer_outside_the_measured_versions(in_process, monkeypatch, installed, note):
+    from slim_kernel import routing
+
+    monkeypatch.setattr(routing, "flashinfer_version", lambda: installed)
+    code, out = in_process("--json")
+    notes = json.loads(out)["notes"]
+    assert code == 0 and bool(notes) is note
+    if note:
+        assert notes == ["flashinfer 0.7.5 is not one of the measured versions (0.7.2.post1, 0.7.4): routing uses "
+                         "the nearest measured version's numbers (the bmm_fp8 fast path checks itself)"]
+        assert "  note: flashinfer 0.7.5 is not one of the measured versions" in in_process()[1]

@@ -29,15 +29,6 @@ HERE = Path(__file__).resolve().parent
 SITE = Path(slim_kernel.__file__).resolve().parents[1]  # the slim_kernel these tests import
 
 
-@pytest.fixture
-def cache_dir(tmp_path, monkeypatch):
-    monkeypatch.setenv(cache.ENV_CACHE_DIR, str(tmp_path / "cache"))
-    monkeypatch.delenv(knobs.ENV_JIT, raising=False)
-    cache.clear_memory()
-    yield tmp_path / "cache"
-    cache.clear_memory()
-
-
 @pytest.mark.parametrize("value,mode", [(None, "compile"), ("", "compile"), ("compile", "compile"),
                                         (" Cache-Only ", "cache-only"), ("cache-or-fallback", "cache-or-fallback")])
 def test_mode_values(monkeypatch, value, mode):
