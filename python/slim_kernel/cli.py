@@ -16,7 +16,8 @@ from ._version import __version__
 
 COMMANDS = {
     "info": ("slim_kernel.info", "show versions, devices and, per op, which backends can serve"),
-    "precompile": ("slim_kernel.jit.precompile", "compile every JIT kernel instantiation into the cache"),
+    "precompile": ("slim_kernel.jit.precompile", "compile into the JIT cache what the routing can pick for the "
+                   "given shapes (--model, --router, --fused-a), else every kernel instantiation"),
     "audit": ("slim_kernel.audit.cli", "check wheels for retired AOT code (exit 0 clean, 1 found, 2 unreadable)"),
     "size": ("slim_kernel.audit.size_cli", "report wheel size, per-op native bytes, reduction vs a baseline"),
 }
