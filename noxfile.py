@@ -1,8 +1,9 @@
-"""Sessions: build, test, audit, size, lint (CPU) and gpu, bench (on the GPU machine).
+"""Sessions: build, test, audit, size, torch-floor, torch-newest, lint (CPU) and gpu, bench (on the GPU machine).
 
 `nox -s build test` builds the wheel into dist/ and tests exactly that wheel in a fresh
 environment. `nox -s test` alone rebuilds first when dist/ is missing or older than the
-sources, so it never tests a stale wheel.
+sources, so it never tests a stale wheel. `torch-floor` and `torch-newest` run the quick tests
+(`-m "not slow"`) on the oldest torch pyproject.toml allows and on the newest release.
 
 Every dependency comes from pyproject.toml (its dependencies, extras and dependency groups) and the
 op names from python/slim_kernel/names.py: this file keeps no list of its own and never imports
@@ -11,11 +12,14 @@ the package source.
 
 from __future__ import annotations
 
+import collections
 import hashlib
 import json
 import os
+import re
 import runpy
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -36,6 +40,9 @@ STAMP = DIST / ".source-hash"
 REPORTS = ROOT / "reports"
 BASELINE_DIST = DIST / "aot-baseline"  # the AOT size baseline (SLIM_KERNEL_AOT_BASELINE=ON), never shipped
 BASELINE_STAMP = BASELINE_DIST / ".source-hash"
+# Which instances the AOT baseline compiles: "subset" (default: one per op, kernel family and output
+# dtype, about a minute) or "full" (the whole catalogue, about 20 minutes on 2 cores).
+ENV_AOT_SET = "SLIM_KERNEL_AOT_SET"
 CPU_TORCH = PYPROJECT["tool"]["slim-kernel"]["test-torch"]  # a pinned CPU build: never an unpinned torch
 # What audit/size install besides the wheel (installed --no-deps): its dependencies and the audit
 # extra, less torch and the CUDA bindings, which the audit never imports.
@@ -112,15 +119,55 @@ def build(session: nox.Session) -> None:
 @nox.session
 def test(session: nox.Session) -> None:
     """Install the built wheel (never the source tree) into a fresh env and run pytest."""
+    _test_wheel(session, [CPU_TORCH], session.posargs)
+
+
+@nox.session(name="torch-floor")
+def torch_floor(session: nox.Session) -> None:
+    """The quick tests on the oldest torch pyproject.toml allows (`torch>=X`: torch==X.*, the CUDA build
+    PyPI has, several GB; the GPU paths' torch calls are checked on meta tensors)."""
+    _test_wheel(session, [f"torch=={_torch_floor()}.*"], ["-m", "not slow", *session.posargs])
+
+
+@nox.session(name="torch-newest")
+def torch_newest(session: nox.Session) -> None:
+    """The quick tests on the newest torch release on the index (a CUDA build, several GB, with its NVRTC),
+    whatever pip constraints the machine sets (PIP_CONSTRAINT is emptied for this session's installs)."""
+    _test_wheel(session, ["--upgrade", "torch"], ["-m", "not slow", *session.posargs],
+                pip_env={"PIP_CONSTRAINT": os.devnull})
+
+
+def _torch_floor() -> str:
+    """X of the `torch>=X` dependency in pyproject.toml."""
+    for text in PYPROJECT["project"]["dependencies"]:
+        req = Requirement(text)
+        if canonicalize_name(req.name) == "torch":
+            floors = [spec.version for spec in req.specifier if spec.operator == ">="]
+            if floors:
+                return floors[0]
+    raise RuntimeError("pyproject.toml declares no torch>=X dependency")
+
+
+def _torch_version(session: nox.Session) -> str:
+    return session.run("python", "-c", "import torch; print(torch.__version__)", silent=True).strip().splitlines()[-1]
+
+
+def _test_wheel(session: nox.Session, torch_args: list[str], pytest_args: list[str], pip_env: dict | None = None) -> None:
+    """torch first (so that the wheel's torch>=X never resolves to another build), then the wheel with its
+    test extra, which must leave that torch as it is; then info, the audit of the wheel and pytest."""
     wheel = _fresh_wheel(session)
-    session.install(CPU_TORCH)  # first, so that the wheel's torch>=2.4 never resolves to a CUDA build
-    session.install(f"{wheel}[test]")  # what `pip install ".[test]"` installs (flashinfer is an extra)
-    session.install("--no-deps", "--force-reinstall", str(wheel))  # exactly this wheel in a reused env
+    session.install(*torch_args, env=pip_env)
+    torch = _torch_version(session)
+    session.install(f"{wheel}[test]", env=pip_env)  # what `pip install ".[test]"` installs (flashinfer is an extra)
+    session.install("--no-deps", "--force-reinstall", str(wheel), env=pip_env)  # exactly this wheel in a reused env
+    if _torch_version(session) != torch:
+        session.error(f"installing {wheel.name}[test] replaced torch {torch} with {_torch_version(session)}")
+    session.log(f"testing {wheel.name} on torch {torch}")
     session.run("slim-kernel", "info")
     session.run("slim-kernel", "audit", "--no-progress", str(wheel))  # the wheel under test holds no AOT code
     tmp = session.create_tmp()
     session.run("python", "-m", "pytest", str(ROOT / "tests"), "-p", "no:cacheprovider", "--basetemp",
-                os.path.join(tmp, "pytest"), *session.posargs, env={"SLIM_KERNEL_CACHE_DIR": os.path.join(tmp, "jit")})
+                os.path.join(tmp, "pytest"), *pytest_args, env={"SLIM_KERNEL_CACHE_DIR": os.path.join(tmp, "jit")})
 
 
 @nox.session
@@ -149,7 +196,7 @@ def bench(session: nox.Session) -> None:
 
 
 def _gpu_run(session: nox.Session, *stages: str) -> None:
-    # BUNDLE: a flashinfer wheel folder from ../shared/device/make-bundle.py, or "none"
+    # BUNDLE: a folder of flashinfer wheels (and their dependencies) to install, or "none"
     bundle, *extra = session.posargs or [os.environ.get("SLIM_KERNEL_BUNDLE", "none")]
     session.run("bash", str(ROOT / "benchmark" / "gpu_run.sh"), bundle, *(extra or stages), external=True)
 
@@ -178,41 +225,84 @@ def _find_nvcc(session: nox.Session) -> str | None:
     return (out or "").strip() or None
 
 
-def _baseline_wheel(session: nox.Session) -> Path | None:
-    """Build (when stale) the AOT baseline wheel into dist-baseline/; None when nvcc is missing."""
+def _aot_set() -> str:
+    value = os.environ.get(ENV_AOT_SET, "").strip().lower() or "subset"
+    if value not in ("subset", "full"):
+        raise ValueError(f"{ENV_AOT_SET} must be subset or full, got {os.environ.get(ENV_AOT_SET)!r}")
+    return value
+
+
+def _baseline_wheel(session: nox.Session) -> tuple[Path, dict] | None:
+    """Build (when stale) the AOT baseline wheel into dist/aot-baseline/; (wheel, the manifest's
+    selection); None when nvcc is missing. The instance list (csrc/aot_baseline/manifest.py) reads the
+    torch-free catalogue; the build runs without isolation, so the build backend goes in here (CMake
+    drives ninja or make from the system)."""
     nvcc = _find_nvcc(session)
     if nvcc is None:
         session.warn("nvcc not found (PATH, CUDACXX, CUDA_HOME, /usr/local/cuda): the AOT baseline cannot be built; "
                      "reporting the shipped wheel only")
         return None
     archs = os.environ.get("SLIM_KERNEL_AOT_ARCHS", "")  # empty: the release list in csrc/aot_baseline
-    # The instance list comes from slim_kernel.backends.jit, which imports torch; the build runs
-    # without isolation, so the build backend goes in here (CMake drives ninja or make from the system).
-    session.install(CPU_TORCH, *PYPROJECT["build-system"]["requires"])
+    session.install(*PYPROJECT["build-system"]["requires"])
     BASELINE_DIST.mkdir(parents=True, exist_ok=True)
     manifest = BASELINE_DIST / "manifest.json"
-    session.run("python", str(ROOT / "csrc" / "aot_baseline" / "manifest.py"), "-o", str(manifest))
+    subset = ["--subset"] if _aot_set() == "subset" else []
+    session.run("python", str(ROOT / "csrc" / "aot_baseline" / "manifest.py"), "-o", str(manifest), *subset,
+                silent=True)
+    selection = json.loads(manifest.read_text())["selection"]
     stamp = hashlib.sha256(f"{_source_hash()} {archs} {nvcc}".encode() + manifest.read_bytes()).hexdigest()
     wheels = sorted(BASELINE_DIST.glob("slim_kernel-*.whl"))
     if len(wheels) == 1 and BASELINE_STAMP.exists() and BASELINE_STAMP.read_text() == stamp:
-        session.log(f"AOT baseline is up to date: {wheels[0].name}")
-        return wheels[0]
+        session.log(f"AOT baseline is up to date (its sources, instances and nvcc did not change): {wheels[0].name}")
+        return wheels[0], selection
     for old in wheels:
         old.unlink()
     env = {"SLIM_KERNEL_AOT_BASELINE": "ON", "SLIM_KERNEL_AOT_MANIFEST": str(manifest),
            "CUDACXX": nvcc, "CMAKE_BUILD_PARALLEL_LEVEL": str(os.cpu_count() or 2)}
     if archs:
         env["SLIM_KERNEL_AOT_ARCHS"] = archs
+    what = (f"AOT baseline ({selection['set']}: {selection['instances']} of {selection['catalogue']} instances, "
+            f"archs {archs or 'release list'})")
+    session.log(f"building the {what}; {ENV_AOT_SET}=full builds every instance")
     start = time.perf_counter()
-    session.run("python", "-m", "pip", "wheel", "--no-build-isolation", "--no-deps", "-w", str(BASELINE_DIST),
-                str(ROOT), env=env)
+    steps = _run_with_progress(session, ["python", "-m", "pip", "wheel", "-v", "--no-build-isolation", "--no-deps",
+                                         "-w", str(BASELINE_DIST), str(ROOT)], env, what)
     (wheel,) = BASELINE_DIST.glob("slim_kernel-*.whl")
     if "+aot" not in wheel.name:
         raise RuntimeError(f"{wheel.name} does not carry the +aot local version: the baseline override is broken")
     BASELINE_STAMP.write_text(stamp)
-    session.log(f"built the AOT baseline {wheel.name} ({wheel.stat().st_size / 1024:.1f} KiB, archs "
-                f"{archs or 'release list'}) in {time.perf_counter() - start:.0f} s")
-    return wheel
+    session.log(f"built the {what}: {wheel.name} ({wheel.stat().st_size / 1024:.1f} KiB, {steps} build steps) in "
+                f"{time.perf_counter() - start:.0f} s")
+    return wheel, selection
+
+
+_STEP = re.compile(r"^\s*\[\s*(\d+)/(\d+)\]")  # ninja's "[12/47] Building CUDA object ..."
+
+
+def _run_with_progress(session: nox.Session, cmd: list[str], env: dict, what: str) -> int:
+    """Run ``cmd`` in the session's environment: on a terminal one progress line updated in place (the
+    build steps ninja reports), elsewhere nothing until the caller's summary line; the last lines of
+    the output when it fails. Returns the number of build steps seen."""
+    tty = sys.stdout.isatty()
+    full_env = {**os.environ, **env, "VIRTUAL_ENV": str(Path(session.bin).parent),
+                "PATH": os.pathsep.join([session.bin, os.environ.get("PATH", "")])}
+    tail: collections.deque = collections.deque(maxlen=60)
+    start, steps = time.perf_counter(), 0
+    with subprocess.Popen([str(Path(session.bin) / cmd[0]), *cmd[1:]], cwd=ROOT, env=full_env, text=True,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT) as proc:
+        for line in proc.stdout:
+            tail.append(line.rstrip())
+            step = _STEP.match(line)
+            if step:
+                steps = int(step[1])
+                if tty:
+                    print(f"\r  {what}: build step {step[1]}/{step[2]}, {time.perf_counter() - start:.0f} s",
+                          end="", flush=True)
+    if tty and steps:
+        print()
+    if proc.returncode:
+        session.error(f"the {what} build failed (exit {proc.returncode}); its last lines:\n" + "\n".join(tail))
+    return steps
 
 
 def _audit_json(session: nox.Session, wheel: Path, out: Path) -> dict:
@@ -230,13 +320,38 @@ def _kib(n: int) -> str:
     return f"{n / 1024:,.1f} KiB"
 
 
+def _record_baseline_scope(report: dict, selection: dict) -> None:
+    """Say in reports/size.json and size.md which instances the baseline holds and how to read the numbers:
+    a subset baseline is smaller than the real one (the reduction is a lower bound); its device code,
+    scaled per op by the catalogue's instance count, estimates the full one."""
+    scope = dict(selection)
+    if selection["set"] == "subset":
+        per_op = report["baseline"]["per_op"]
+        ops = [op for op in selection["per_op"] if op in per_op]
+        measured = sum(per_op[op]["device"] for op in ops)
+        estimate = sum(per_op[op]["device"] * selection["catalogue_per_op"][op] // selection["per_op"][op] for op in ops)
+        scope["kernel_device_bytes"], scope["full_kernel_device_bytes_estimate"] = measured, estimate
+        scope["summary"] = (f"subset: {selection['instances']} of {selection['catalogue']} instances "
+                            f"({selection['rule']}), so the reduction above is a lower bound. Their kernels take "
+                            f"{_kib(measured)} of device code; scaled per op by the catalogue's instance count (a rough "
+                            f"estimate: instances of one op differ in size), all {selection['catalogue']} would take "
+                            f"about {_kib(estimate)}. {ENV_AOT_SET}=full builds and measures every instance.")
+    else:
+        scope["summary"] = f"full: all {selection['catalogue']} instances of the catalogue (measured, not scaled)"
+    report["aot_baseline"] = scope
+    (REPORTS / "size.json").write_text(json.dumps(report, indent=2) + "\n")
+    with open(REPORTS / "size.md", "a") as md:
+        md.write(f"\n## AOT baseline scope\n\n{scope['summary']}\n")
+
+
 @nox.session
 def size(session: nox.Session) -> None:
-    """Shipped wheel vs the AOT baseline: audit both (baseline = negative control), size report, budget."""
+    """Shipped wheel vs the AOT baseline (a subset of the instances unless SLIM_KERNEL_AOT_SET=full; the
+    report says which): audit both (baseline = negative control), size report, budget."""
     wheel = _fresh_wheel(session)
     session.install(*_requirements("audit", skip=AUDIT_SKIPS))
     session.install("--no-deps", "--force-reinstall", str(wheel))
-    baseline = _baseline_wheel(session)
+    baseline, selection = _baseline_wheel(session) or (None, None)
     REPORTS.mkdir(exist_ok=True)
 
     shipped = _audit_json(session, wheel, REPORTS / "audit-shipped.json")
@@ -262,6 +377,8 @@ def size(session: nox.Session) -> None:
     with open(REPORTS / "size.json", "w") as f:
         session.run(*args, stdout=f)  # exit 1 (over budget) fails the session, with the reason on stderr
     report = json.loads((REPORTS / "size.json").read_text())
+    if selection is not None:
+        _record_baseline_scope(report, selection)
     subject = report["subject"]
     session.log(f"shipped: {wheel.name} {_kib(subject['file_bytes'])} (budget {budget}), "
                 f"{_kib(subject['unpacked'])} unpacked")
@@ -273,4 +390,5 @@ def size(session: nox.Session) -> None:
                     f"{_kib(cmp['native_bytes']['bytes'])} ({cmp['native_bytes']['percent']}%)")
         for op, d in cmp["per_op"].items():
             session.log(f"  {op}: {_kib(d['bytes'])} ({d['percent']}%) of native code removed")
+        session.log(f"AOT baseline scope: {report['aot_baseline']['summary']}")
     session.log(f"reports: {REPORTS / 'size.md'}, {REPORTS / 'size.json'}, {REPORTS / 'size.png'}")

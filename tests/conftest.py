@@ -1,5 +1,8 @@
 import functools
 import os
+import shutil
+import subprocess
+from pathlib import Path
 
 import pytest
 import torch
@@ -96,3 +99,31 @@ def fake_devices(monkeypatch):
     monkeypatch.setattr(devices, "current", lambda: state["cur"])
     monkeypatch.setattr(torch.cuda, "device", device)
     return state
+
+
+@pytest.fixture(scope="session")
+def fake_driver(tmp_path_factory):
+    """A fake libcuda.so.1 (tests/jit_fixtures/fake_libcuda.c) in a directory for LD_LIBRARY_PATH."""
+    cc = shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
+    if cc is None:
+        pytest.skip("no C compiler for the fake driver")
+    out = tmp_path_factory.mktemp("fake_cuda")
+    source = Path(__file__).resolve().parent / "jit_fixtures" / "fake_libcuda.c"
+    subprocess.run([cc, "-shared", "-fPIC", "-O1", "-o", str(out / "libcuda.so.1"), str(source),
+                    "-Wl,-soname,libcuda.so.1"], check=True)
+    return out
+
+
+@pytest.fixture
+def cache_dir(tmp_path, monkeypatch):
+    """A private, empty JIT cache ($SLIM_KERNEL_CACHE_DIR): compiling allowed, no trace file."""
+    from slim_kernel import knobs
+    from slim_kernel.jit import cache
+
+    root = tmp_path / "cache"
+    monkeypatch.setenv(cache.ENV_CACHE_DIR, str(root))
+    monkeypatch.delenv(cache.ENV_TRACE, raising=False)
+    monkeypatch.delenv(knobs.ENV_JIT, raising=False)
+    cache.clear_memory()
+    yield root
+    cache.clear_memory()

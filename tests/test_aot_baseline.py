@@ -1,13 +1,14 @@
 """AOT size baseline (CPU): a one-arch SLIM_KERNEL_AOT_BASELINE=ON build is the audit's real-world
 negative control, and `slim-kernel size` measures the shipped wheel against it.
 
-Builds, once per module and in fresh build dirs, the baseline wheel for sm_90a (the instance list
-comes from slim_kernel.backends.jit through csrc/aot_baseline/manifest.py, run by CMake with this
-Python) and the shipped wheel, then checks: the +aot version and the extension module; the audit
-exits 1 and flags every retired op through the layers an AOT op library leaves (exported entry
-point, TORCH_LIBRARY schema in .rodata, one fatbin kernel per manifest instance); the shipped
-wheel is clean; `size --baseline` reports a positive reduction. Marked slow (~1 minute on 2 cores:
-nvcc and the nanobind module); nox -s test runs it. Needs nvcc, skipped without.
+Builds, once per module and in fresh build dirs, the baseline wheel for sm_90a from the subset
+manifest `nox -s size` builds by default (csrc/aot_baseline/manifest.py --subset: one instance per
+op, kernel family and output dtype) and the shipped wheel, then checks: the +aot version and the
+extension module; the audit exits 1 and flags every retired op through the layers an AOT op library
+leaves (exported entry point, TORCH_LIBRARY schema in .rodata, one fatbin kernel per manifest
+instance); the shipped wheel is clean; `size --baseline` reports a positive reduction. CMake's own
+manifest (every instance, when none is passed) is checked at configure time. Marked slow (~1 minute
+on 2 cores: nvcc and the nanobind module); nox -s test runs it. Needs nvcc, skipped without.
 """
 
 from __future__ import annotations
@@ -47,15 +48,36 @@ def _env(**extra: str) -> dict:
 @pytest.fixture(scope="module")
 def wheels(tmp_path_factory) -> dict:
     tmp = tmp_path_factory.mktemp("aot")
+    manifest = tmp / "manifest.json"
+    subprocess.run([sys.executable, str(MANIFEST_PY), "-o", str(manifest), "--subset"], check=True,
+                   capture_output=True)
     proc = pip_wheel(tmp / "baseline", tmp / "build-baseline",
-                     _env(SLIM_KERNEL_AOT_BASELINE="ON", SLIM_KERNEL_AOT_ARCHS="90a"))
+                     _env(SLIM_KERNEL_AOT_BASELINE="ON", SLIM_KERNEL_AOT_ARCHS="90a",
+                          SLIM_KERNEL_AOT_MANIFEST=str(manifest)))
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     proc = pip_wheel(tmp / "shipped", tmp / "build-shipped", _env())
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
-    manifest = tmp / "manifest.json"
-    subprocess.run([sys.executable, str(MANIFEST_PY), "-o", str(manifest)], check=True, capture_output=True)
     return {"baseline": one_wheel(tmp / "baseline"), "shipped": one_wheel(tmp / "shipped"),
             "manifest": json.loads(manifest.read_text())}
+
+
+def _manifest(tmp_path: Path, *flags: str) -> dict:
+    out = tmp_path / f"manifest{''.join(flags)}.json"
+    subprocess.run([sys.executable, str(MANIFEST_PY), "-o", str(out), *flags], check=True, capture_output=True)
+    return json.loads(out.read_text())
+
+
+def test_subset_manifest_has_one_instance_of_every_kernel_body(tmp_path):
+    full, subset = _manifest(tmp_path), _manifest(tmp_path, "--subset")
+
+    def groups(m: dict) -> list:
+        return [(i["op"], dict(i["defines"])["SK_FAMILY"], dict(i["defines"]).get("SK_OUT_BF16")) for i in m["instances"]]
+
+    assert sorted(groups(subset)) == sorted(set(groups(full)))  # each (op, family, out dtype) once
+    assert {i["key"] for i in subset["instances"]} <= {i["key"] for i in full["instances"]}
+    assert full["selection"]["set"] == "full" and subset["selection"]["set"] == "subset"
+    assert full["selection"]["instances"] == subset["selection"]["catalogue"] == len(full["instances"])
+    assert subset["selection"]["instances"] == len(subset["instances"]) == sum(subset["selection"]["per_op"].values())
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
@@ -148,3 +170,12 @@ def test_manifest_with_another_signature_is_a_clear_error(tmp_path):
     proc = _configure(tmp_path, f"-DSLIM_KERNEL_AOT_MANIFEST={manifest}", "-DSLIM_KERNEL_AOT_ARCHS=90a")
     assert proc.returncode != 0
     assert "signature 'pppiii'" in _flat(proc.stderr) and "module.cpp" in proc.stderr, proc.stderr[-2000:]
+
+
+@pytest.mark.skipif(shutil.which("cmake") is None, reason="cmake not found")
+def test_cmake_lists_every_instance_without_a_manifest(tmp_path):
+    """No SLIM_KERNEL_AOT_MANIFEST: CMake runs manifest.py with the build's Python, every instance."""
+    proc = _configure(tmp_path, "-DSLIM_KERNEL_AOT_ARCHS=90a")
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    count = _manifest(tmp_path)["selection"]["catalogue"]
+    assert f"{count} instances x archs 90a" in _flat(proc.stdout), proc.stdout[-2000:]

@@ -13,6 +13,7 @@ import torch
 
 from slim_kernel.backends import jit as jb
 from slim_kernel.jit import catalogue as cat
+from slim_kernel.jit import routed
 from slim_kernel.names import FUSED_A, ROUTER
 
 KERNELS = Path(cat.__file__).resolve().parent / "kernels"
@@ -129,13 +130,13 @@ def test_rules_parse_and_reject():
 
 def test_env_rules_are_checked_when_a_call_is_planned(monkeypatch):
     monkeypatch.setenv(jb.env_var(ROUTER), "kernel=narrow")
-    jb._RULES.pop(ROUTER, None)
+    routed._RULES.pop(ROUTER, None)
     with pytest.raises(ValueError, match="SLIM_KERNEL_JIT_CONFIG_DSV3_ROUTER_GEMM"):
         jb.rules(ROUTER)
     monkeypatch.setenv(jb.env_var(ROUTER), "8:kernel=narrow,rows=1;64:rt=2")
-    jb._RULES.pop(ROUTER, None)
+    routed._RULES.pop(ROUTER, None)
     assert jb.config_for(ROUTER, 3, "skinny") == ("rules", cat.Narrow(rows=1))
-    jb._RULES.pop(ROUTER, None)
+    routed._RULES.pop(ROUTER, None)
     monkeypatch.delenv(jb.env_var(ROUTER))
     assert jb.config_for(ROUTER, 3, "narrow_r2kc") == ("narrow_r2kc", cat.VARIANTS[ROUTER]["narrow_r2kc"])
     assert jb.config_for(ROUTER, 20, "narrow_r2kc")[0] == cat.FALLBACK_VARIANT  # narrow cannot serve M=20

@@ -26,16 +26,6 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture
-def cache_dir(tmp_path, monkeypatch):
-    root = tmp_path / "cache"
-    monkeypatch.setenv(cache.ENV_CACHE_DIR, str(root))
-    monkeypatch.delenv(cache.ENV_TRACE, raising=False)
-    cache.clear_memory()
-    yield root
-    cache.clear_memory()
-
-
-@pytest.fixture
 def kernel_tree(tmp_path):
     """A private copy of the fixture kernels, free to edit."""
     tree = tmp_path / "kernels"

@@ -1,7 +1,15 @@
-"""JIT compiler front (CPU): every kernel compiles to an sm_90a cubin with NVRTC and with nvcc,
-within the resource limits its source declares; arch names; compiler selection and errors."""
+"""JIT compiler front (CPU): every kernel compiles to an sm_90a cubin within the resource limits its
+source declares (no spills) with nvcc and with each NVRTC that current torch builds bring
+(pyproject.toml [tool.slim-kernel] nvrtc-versions: the nvidia-cuda-nvrtc wheels, installed side by
+side); arch names; compiler selection and errors."""
 
 from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 from jit_fixtures import instances as fx
@@ -9,30 +17,27 @@ from jit_fixtures import instances as fx
 from slim_kernel.jit import cache, compiler
 from slim_kernel.jit.arch import arch_for_capability, normalize_arch, sm_version
 from slim_kernel.jit.catalogue import all_instances
-from slim_kernel.jit.resources import check_limits, cubin_sm, parse_ptxas_log
+from slim_kernel.jit.resources import check_limits, parse_ptxas_log
 from slim_kernel.jit.sources import declared_limits, shipped_sources, source_closure, source_path
 from slim_kernel.jit.spec import KernelInstance
 
-COMPILERS = ("nvrtc", "nvcc")
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10: the test extra brings tomli
+    import tomli as tomllib
 
+REPO = Path(__file__).resolve().parents[1]
+COMPILERS = ("nvrtc", "nvcc")
+NVRTC_VERSIONS = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["slim-kernel"]["nvrtc-versions"]
+TOOLCHAINS = ("nvcc", *(f"nvrtc-{v}" for v in NVRTC_VERSIONS))
+CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
 SHIPPED = [inst for _, inst in all_instances()]
 FIXTURES = [make() for make in fx.ALL]
 
 
 def _id(inst: KernelInstance) -> str:
-    return inst.entry + "[" + ",".join(f"{k}={v}" for k, v in inst.defines) + "]"
-
-
-@pytest.fixture(scope="module")
-def module_cache(tmp_path_factory):
-    """One cache for the module, so the limits test reuses the compile test's entries."""
-    mp = pytest.MonkeyPatch()
-    mp.setenv(cache.ENV_CACHE_DIR, str(tmp_path_factory.mktemp("jit_cache")))
-    cache.clear_memory()
-    yield
-    mp.undo()
-    cache.clear_memory()
+    return inst.label
 
 
 @pytest.fixture(params=COMPILERS)
@@ -41,17 +46,70 @@ def compiler_name(request):
     return request.param
 
 
+def _unusable(why: str):
+    """Skip, except on CI, where every toolchain must be there (the test extra and the machine's nvcc)."""
+    if CI:
+        pytest.fail(why)
+    pytest.skip(why)
+
+
+@pytest.fixture(scope="module")
+def compile_reports(tmp_path_factory):
+    """toolchain -> what compiling every instance with it reported (tests/jit_fixtures/compile_all.py,
+    in a process of its own, in parallel), computed on first use. NVRTC X.Y is the nvidia-cuda-nvrtc
+    X.Y.* wheel, pip-installed into a directory put first on PYTHONPATH (one libnvrtc per process)."""
+    base, reports = tmp_path_factory.mktemp("toolchains"), {}
+
+    def report(toolchain: str) -> dict:
+        if toolchain in reports:
+            return reports[toolchain]
+        name, _, version = toolchain.partition("-")
+        env = dict(os.environ, SLIM_KERNEL_CACHE_DIR=str(base / toolchain / "cache"))
+        env.pop("SLIM_KERNEL_JIT", None)
+        if version:
+            target = base / toolchain / "site"
+            pip = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(target),
+                                  f"nvidia-cuda-nvrtc=={version}.*"], capture_output=True, text=True, timeout=900)
+            if pip.returncode:
+                reports[toolchain] = {"unusable": f"cannot install nvidia-cuda-nvrtc=={version}.*: {pip.stderr[-1500:]}"}
+                return reports[toolchain]
+            env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(target), env.get("PYTHONPATH")]))
+        elif compiler.find_nvcc() is None:
+            reports[toolchain] = {"unusable": "nvcc not found"}
+            return reports[toolchain]
+        out = base / toolchain / "report.json"
+        proc = subprocess.run([sys.executable, str(fx.HERE / "compile_all.py"), name, str(out)], env=env,
+                              capture_output=True, text=True, timeout=3000)
+        assert proc.returncode == 0, proc.stderr[-4000:]
+        reports[toolchain] = json.loads(out.read_text())
+        return reports[toolchain]
+
+    return report
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("toolchain", TOOLCHAINS)
+def test_the_toolchain_is_the_one_asked_for(toolchain, compile_reports):
+    report = compile_reports(toolchain)
+    if "unusable" in report:
+        _unusable(report["unusable"])
+    name, _, version = toolchain.partition("-")
+    assert report["compiler"].startswith(f"{name} {version}".strip()), report["compiler"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("toolchain", TOOLCHAINS)
 @pytest.mark.parametrize("inst", SHIPPED + FIXTURES, ids=_id)
-def test_compiles_for_sm90a_within_declared_limits(inst, compiler_name, module_cache):
-    entry = cache.get_entry(inst, "9.0a", compiler_name)
-    assert entry.cubin[:4] == b"\x7fELF"
-    assert cubin_sm(entry.cubin) == 90
-    assert entry.header["arch"] == "sm_90a" and entry.header["compiler"].startswith(compiler_name)
-    usage = entry.usage
-    assert usage is not None and usage.registers > 0, "ptxas -v report missing from the compile log"
-    limits = declared_limits(inst)
-    assert limits, f"{inst.source} declares no '// slim:limits ...' line"
-    assert check_limits(usage, limits) == [], f"{_id(inst)} with {compiler_name}: {usage}"
+def test_compiles_for_sm90a_within_declared_limits(inst, toolchain, compile_reports):
+    report = compile_reports(toolchain)
+    if "unusable" in report:
+        _unusable(report["unusable"])
+    result = report["instances"][inst.label]
+    assert "error" not in result, result.get("error")
+    assert result["elf"] and result["header_arch"] == "sm_90a"
+    assert result["usage"] is not None and result["usage"]["registers"] > 0, "ptxas -v report missing"
+    assert result["limits"], f"{inst.source} declares no '// slim:limits ...' line"
+    assert result["problems"] == [], f"{inst.label} with {report['compiler']}: {result['usage']}"
 
 
 def test_every_shipped_entry_source_has_instances():

@@ -222,37 +222,3 @@ def test_first_load_inside_graph_capture(launcher, dev, gen):
     torch.cuda.synchronize()
     assert _rel_err(out[:n], _axpby_ref(x, y, 1.0, 1, bias)) <= 5e-3
     assert torch.equal(big, _smem_cluster_expected(blocks, words, big.device))
-
-
-def _tma_tiles(x: torch.Tensor, row0: int, blocks: int, swizzle: str) -> torch.Tensor:
-    """What fixture_tma writes per block for tensor x: the 8 x 64 bf16 tile at (row0 + 8 b, 0) as it
-    lands in shared memory, zeros past x's last row; with 128B swizzle the 16-byte chunk c of tile
-    row r lands at chunk c ^ (r % 8)."""
-    rows = torch.zeros(blocks * 8, 64, dtype=x.dtype, device=x.device)
-    real = x[row0:row0 + blocks * 8, :64]
-    rows[:real.shape[0]] = real
-    tiles = rows.view(blocks, 8, 8, 8)  # block, tile row, 16-byte chunk, element
-    if swizzle == "128B":
-        r = torch.arange(8, device=x.device).view(8, 1)
-        tiles = tiles[:, r, torch.arange(8, device=x.device).view(1, 8) ^ r]
-    return tiles.reshape(blocks, 8 * 64)
-
-
-@pytest.mark.parametrize("swizzle", ["none", "128B"])
-def test_tma_tensor_maps_load_tiles(launcher, dev, gen, swizzle):
-    """Two tensor maps by value around an int: each block TMA-loads a tile of a and of b; rows past
-    the end read as zeros."""
-    if torch.cuda.get_device_capability(dev)[0] < 9:
-        pytest.skip("TMA needs SM >= 9.0")
-    a = torch.randn(20, 64, generator=gen).to(f"cuda:{dev}", torch.bfloat16)
-    b = torch.randn(24, 128, generator=gen).to(f"cuda:{dev}", torch.bfloat16)  # only columns 0..63 are read
-    ma = jit.tensor_map(a.data_ptr(), (64, 20), (a.stride(0) * 2,), (64, 8), swizzle=swizzle, launcher=launcher)
-    mb = jit.tensor_map(b.data_ptr(), (128, 24), (b.stride(0) * 2,), (64, 8), swizzle=swizzle, launcher=launcher)
-    assert ma.dims == (64, 20) and mb.strides_bytes == (256,)
-    blocks, row0 = 3, 4
-    out = torch.full((blocks, 2, 8 * 64), float("nan"), device=f"cuda:{dev}", dtype=torch.bfloat16)
-    kernel = jit.get_kernel(fx.tma(), dev, launcher=launcher)
-    kernel.launch((blocks, 1, 1), (128, 1, 1), (ma, row0, mb, out.data_ptr()), stream=_stream())
-    torch.cuda.synchronize()
-    assert torch.equal(out[:, 0], _tma_tiles(a, row0, blocks, swizzle))
-    assert torch.equal(out[:, 1], _tma_tiles(b, row0, blocks, swizzle))

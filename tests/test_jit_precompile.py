@@ -29,15 +29,6 @@ SUMMARY = re.compile(r"^precompile: (\d+) of (\d+) verified in the cache (\S+) \
 
 
 @pytest.fixture
-def cache_dir(tmp_path, monkeypatch):
-    monkeypatch.setenv(cache.ENV_CACHE_DIR, str(tmp_path / "cache"))
-    monkeypatch.delenv(cache.ENV_TRACE, raising=False)
-    cache.clear_memory()
-    yield tmp_path / "cache"
-    cache.clear_memory()
-
-
-@pytest.fixture
 def small_catalogue(monkeypatch):
     """Four fixture kernels (quick to compile) in place of the shipped catalogue."""
     monkeypatch.setattr(precompile, "catalogue", lambda: [("fixture_axpby", fx.axpby(b)) for b in range(4)])

@@ -172,3 +172,31 @@ def test_torch_compile_fullgraph_matches_eager(gen):
     torch.testing.assert_close(got[0], eager[0])  # inductor may reorder the scalar sum
     for e, g in zip(eager[1:], got[1:]):
         torch.testing.assert_close(g, e, rtol=0, atol=0)  # the ops themselves: bit-identical
+
+
+# --- the torch reference's CUDA path, on meta tensors (any torch >= the floor) -------------------
+
+@pytest.mark.parametrize("out_dtype_api", [False, True])
+@pytest.mark.parametrize("out", [torch.float32, torch.bfloat16])
+def test_torch_reference_cuda_path_calls_exist_on_this_torch(monkeypatch, out_dtype_api, out):
+    """The calls the CUDA branch makes (torch.mm/bmm with out_dtype= where torch has it, fp32 operands
+    where it does not) run on this torch: meta tensors stand in for CUDA ones."""
+    from slim_kernel.backends import torch_ref
+
+    if out_dtype_api and not torch_ref.MM_OUT_DTYPE:
+        pytest.skip(f"torch {torch.__version__} has no torch.mm(out_dtype=): the reference does not use it")
+    monkeypatch.setattr(torch_ref, "MM_OUT_DTYPE", out_dtype_api)
+    monkeypatch.setattr(torch_ref, "_bf16_on_cuda", lambda a, b: a.dtype == b.dtype == torch.bfloat16)
+    meta = torch.device("meta")
+    h, w = (torch.empty(s, dtype=torch.bfloat16, device=meta) for s in ((5, 64), (24, 64)))
+    o = torch.empty(5, 24, dtype=out, device=meta)
+    torch_ref.dsv3_router_gemm(o, h, w)
+    torch_ref.dsv3_fused_a_gemm(o, h, w.t())
+    assert torch_ref._mm_fp32(h.unsqueeze(0), w.t().unsqueeze(0)).dtype == torch.float32  # the bmm form
+    assert torch_ref.MM_OUT_DTYPE is out_dtype_api
+
+
+def test_out_dtype_detection_matches_torch():
+    from slim_kernel.backends import torch_ref
+
+    assert torch_ref.MM_OUT_DTYPE == ("dtype" in torch.ops.aten.mm.overloads())

@@ -17,7 +17,7 @@ H200 = routing.Device("NVIDIA H200", 132, "sm_90")
 
 
 @pytest.fixture
-def cache_dir(tmp_path, monkeypatch):
+def tuned_cache(tmp_path, monkeypatch):
     import functools
 
     monkeypatch.setenv("SLIM_KERNEL_CACHE_DIR", str(tmp_path))
@@ -70,9 +70,9 @@ def test_tune_cli_refuses_bad_arguments_and_a_missing_gpu():
         assert proc.returncode == 2 and "needs a CUDA GPU" in proc.stderr
 
 
-def test_tuned_table_is_written_atomically_merged_and_preferred(cache_dir):
+def test_tuned_table_is_written_atomically_merged_and_preferred(tuned_cache):
     path = routing.tuned_path(H200, "0.7.4")
-    assert path.parent == cache_dir / routing.TUNED_DIR and "nvidia-h200-132sm" in path.name
+    assert path.parent == tuned_cache / routing.TUNED_DIR and "nvidia-h200-132sm" in path.name
     tune.write_table(path, _header(), [_entry(1), _entry(2)])
     tune.write_table(path, _header(), [_entry(2, us={"jit:ring_c8": 2.0}), _entry(1, shape={"n": 1536, "k": 5120},
                                                                                  op=FUSED_A)])
@@ -95,7 +95,7 @@ def test_tuned_table_is_written_atomically_merged_and_preferred(cache_dir):
     lambda d: d.update(device="NVIDIA H100"),  # measured on another device
     lambda d: d.update(flashinfer="0.7.2.post1"),  # under another flashinfer
 ], ids=["schema", "m-type", "m-range", "negative", "inf", "absurd", "shape-type", "entry-type", "device", "version"])
-def test_a_bad_tuned_table_is_refused_with_a_warning_never_a_crash(cache_dir, corrupt):
+def test_a_bad_tuned_table_is_refused_with_a_warning_never_a_crash(tuned_cache, corrupt):
     path = routing.tuned_path(H200, "0.7.4")
     tune.write_table(path, _header(), [_entry(1)])
     data = json.loads(path.read_text())
@@ -110,7 +110,7 @@ def test_a_bad_tuned_table_is_refused_with_a_warning_never_a_crash(cache_dir, co
     assert dec is None or dec.source != "tuned"
 
 
-def test_truncated_or_non_json_tuned_table_is_refused(cache_dir):
+def test_truncated_or_non_json_tuned_table_is_refused(tuned_cache):
     path = routing.tuned_path(H200, "0.7.4")
     path.parent.mkdir(parents=True)
     for text in ("{", "[]", "\\x00\\x01", '{"schema": 1}'):
@@ -120,7 +120,7 @@ def test_truncated_or_non_json_tuned_table_is_refused(cache_dir):
             assert routing.tuned_table(H200, "0.7.4") is None
 
 
-def test_write_table_refuses_what_selection_would_refuse(cache_dir):
+def test_write_table_refuses_what_selection_would_refuse(tuned_cache):
     path = routing.tuned_path(H200, "0.7.4")
     tune.write_table(path, _header(), [_entry(1)])
     before = path.read_text()
@@ -129,7 +129,7 @@ def test_write_table_refuses_what_selection_would_refuse(cache_dir):
     assert path.read_text() == before  # the previous table stays in force
 
 
-def test_unmeasured_shapes_are_estimated_from_every_measured_shape_and_say_so(cache_dir):
+def test_unmeasured_shapes_are_estimated_from_every_measured_shape_and_say_so(tuned_cache):
     shipped = routing.table("sm_90")
     shape = {"e": 160, "k": 5120, "out": "float32"}
     assert shipped.lookup(ROUTER, shape, 4, "0.7.4", False) is None  # no table has it: never another shape's point

@@ -3,17 +3,15 @@
 // libcuda is opened with dlopen on first use, so importing the module works on machines with
 // no driver. A Kernel is one function of one cubin loaded into one device's primary context
 // (the context torch uses). Kernel.launch parses the arguments by the kernel's signature
-// (p = device pointer, i = int32, l = int64, f = float32, t = 128-byte CUtensorMap) straight
-// into parameter storage on the stack and calls cuLaunchKernelEx on the caller's stream, with
-// optional programmatic stream serialization (PDL) and thread-block-cluster dimensions.
-// encode_tensor_map wraps cuTensorMapEncodeTiled for the maps passed as `t` arguments.
+// (p = device pointer, i = int32, l = int64, f = float32) straight into parameter storage on the
+// stack and calls cuLaunchKernelEx on the caller's stream, with optional programmatic stream
+// serialization (PDL) and thread-block-cluster dimensions.
 //
 // The few driver types used here are declared locally (their layout is part of the driver's
 // stable ABI), so neither the CUDA toolkit nor libtorch is needed to build or link this file.
 
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/string.h>
-#include <nanobind/stl/vector.h>
 
 #include <dlfcn.h>
 
@@ -21,7 +19,6 @@
 #include <cstring>
 #include <mutex>
 #include <string>
-#include <vector>
 
 namespace nb = nanobind;
 
@@ -41,14 +38,6 @@ constexpr int kFuncMaxDynamicSharedSizeBytes = 8;             // CU_FUNC_ATTRIBU
 constexpr int kFuncNonPortableClusterSizeAllowed = 14;        // CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED
 constexpr unsigned kDefaultSmemLimit = 48 * 1024;
 constexpr int kMaxArgs = 64;
-constexpr int kMaxTensorMaps = 16;  // spec.MAX_TENSOR_MAPS
-constexpr size_t kTensorMapBytes = 128;
-constexpr int kMaxTensorMapRank = 5;
-
-// One CUtensorMap. The driver documents 64-byte alignment; CUDA 13's cuda.h declares alignas(128).
-struct alignas(128) TensorMapSlot {
-  unsigned char bytes[kTensorMapBytes];
-};
 
 struct LaunchAttribute {  // CUlaunchAttribute
   int id;
@@ -89,8 +78,6 @@ struct Driver {
   CUresult (*cuFuncGetAttribute)(int*, int, CUfunction) = nullptr;
   CUresult (*cuLaunchKernelEx)(const LaunchConfig*, CUfunction, void**, void**) = nullptr;
   CUresult (*cuDriverGetVersion)(int*) = nullptr;
-  CUresult (*cuTensorMapEncodeTiled)(void*, int, uint32_t, void*, const uint64_t*, const uint64_t*, const uint32_t*,
-                                     const uint32_t*, int, int, int, int) = nullptr;
   CUresult (*cuThreadExchangeStreamCaptureMode)(int*) = nullptr;  // optional
 };
 
@@ -124,7 +111,6 @@ Driver load_driver() {
   bind(lib, "cuFuncGetAttribute", d.cuFuncGetAttribute, e);
   bind(lib, "cuLaunchKernelEx", d.cuLaunchKernelEx, e);
   bind(lib, "cuDriverGetVersion", d.cuDriverGetVersion, e);
-  bind(lib, "cuTensorMapEncodeTiled", d.cuTensorMapEncodeTiled, e);
   d.cuThreadExchangeStreamCaptureMode =
       reinterpret_cast<CUresult (*)(int*)>(dlsym(lib, "cuThreadExchangeStreamCaptureMode"));
   return d;  // the library stays open for the life of the process
@@ -199,9 +185,8 @@ void parse_dim3(PyObject* obj, const char* what, unsigned out[3]) {
                         expected).c_str());
 }
 
-// Packs args by signature: params[i] points at the 8-byte slots[i], or for a 't' argument at the
-// next of `maps` (the 128 bytes of a bytes object: a TensorMap is one).
-void pack_args(const std::string& signature, PyObject* args, uint64_t* slots, TensorMapSlot* maps, void** params) {
+// Packs args by signature: params[i] points at the 8-byte slots[i].
+void pack_args(const std::string& signature, PyObject* args, uint64_t* slots, void** params) {
   if (!PyTuple_Check(args)) throw nb::type_error("args must be a tuple");
   Py_ssize_t n = PyTuple_Size(args);
   if (n != static_cast<Py_ssize_t>(signature.size()))
@@ -241,13 +226,6 @@ void pack_args(const std::string& signature, PyObject* args, uint64_t* slots, Te
         std::memcpy(&slots[i], &f, sizeof f);
         break;
       }
-      case 't': {
-        Py_ssize_t size = PyBytes_Check(item) ? PyBytes_Size(item) : -1;
-        if (size != static_cast<Py_ssize_t>(kTensorMapBytes)) bad_arg(i, code, "a TensorMap (jit.tensor_map) or 128 bytes");
-        std::memcpy(maps->bytes, PyBytes_AsString(item), kTensorMapBytes);
-        params[i] = maps++;
-        continue;
-      }
       default:
         throw nb::value_error("corrupt signature");
     }
@@ -258,15 +236,9 @@ void pack_args(const std::string& signature, PyObject* args, uint64_t* slots, Te
 void check_signature(const std::string& signature) {
   if (signature.size() > static_cast<size_t>(kMaxArgs))
     throw nb::value_error(("signature has more than " + std::to_string(kMaxArgs) + " parameters").c_str());
-  int maps = 0;
-  for (char c : signature) {
-    if (c != 'p' && c != 'i' && c != 'l' && c != 'f' && c != 't')
-      throw nb::value_error(("signature " + signature + " has a code outside 'pilft'").c_str());
-    maps += c == 't';
-  }
-  if (maps > kMaxTensorMaps)
-    throw nb::value_error(("signature " + signature + " has more than " + std::to_string(kMaxTensorMaps) +
-                           " tensor maps ('t')").c_str());
+  for (char c : signature)
+    if (c != 'p' && c != 'i' && c != 'l' && c != 'f')
+      throw nb::value_error(("signature " + signature + " has a code outside 'pilf'").c_str());
 }
 
 // Makes ctx current for the scope when it is not already (torch normally made it current).
@@ -337,9 +309,8 @@ class Kernel {
     parse_dim3(grid.ptr(), "grid", g);
     parse_dim3(block.ptr(), "block", b);
     uint64_t slots[kMaxArgs];
-    TensorMapSlot maps[kMaxTensorMaps];  // uninitialized stack: no cost for signatures without 't'
     void* params[kMaxArgs + 1];
-    pack_args(signature_, args.ptr(), slots, maps, params);
+    pack_args(signature_, args.ptr(), slots, params);
     Driver& d = driver();
     LaunchAttribute attrs[2];
     std::memset(attrs, 0, sizeof attrs);
@@ -420,43 +391,13 @@ int driver_version() {
 }
 
 // The parameter values launch() would pass, laid out like _pylauncher.layout(): an 8-byte slot
-// per 'pilf' parameter, a 128-byte one at the next multiple of 128 per 't'.
+// per parameter.
 nb::bytes pack_args_for_test(const std::string& signature, nb::handle args) {
   check_signature(signature);
   uint64_t slots[kMaxArgs];
-  TensorMapSlot maps[kMaxTensorMaps];
   void* params[kMaxArgs + 1];
-  pack_args(signature, args.ptr(), slots, maps, params);
-  std::string block;
-  for (size_t i = 0; i < signature.size(); ++i) {
-    size_t size = 8;
-    if (signature[i] == 't') {
-      block.resize((block.size() + alignof(TensorMapSlot) - 1) / alignof(TensorMapSlot) * alignof(TensorMapSlot));
-      size = kTensorMapBytes;
-    }
-    block.append(static_cast<const char*>(params[i]), size);
-  }
-  return nb::bytes(block.data(), block.size());
-}
-
-// cuTensorMapEncodeTiled with element strides 1 and no interleave (slim_kernel.jit.tensor_map
-// checks the arguments and maps the enum names). Initializes the driver; needs no context.
-nb::bytes encode_tensor_map(int dtype, uintptr_t ptr, const std::vector<uint64_t>& dims,
-                            const std::vector<uint64_t>& strides, const std::vector<uint32_t>& box, int swizzle,
-                            int l2_promotion, int oob) {
-  size_t rank = dims.size();
-  if (rank < 1 || rank > static_cast<size_t>(kMaxTensorMapRank) || strides.size() != rank - 1 || box.size() != rank)
-    throw nb::value_error(("tensor map rank " + std::to_string(rank) +
-                           ": need 1..5 dims, rank-1 strides and rank box entries").c_str());
-  Driver& d = ready_driver();
-  TensorMapSlot map;
-  const uint32_t element_strides[kMaxTensorMapRank] = {1, 1, 1, 1, 1};
-  const uint64_t no_strides = 0;  // rank 1: the driver reads no stride
-  check(d.cuTensorMapEncodeTiled(&map, dtype, static_cast<uint32_t>(rank), reinterpret_cast<void*>(ptr), dims.data(),
-                                 rank > 1 ? strides.data() : &no_strides, box.data(), element_strides,
-                                 0 /* CU_TENSOR_MAP_INTERLEAVE_NONE */, swizzle, l2_promotion, oob),
-        "cuTensorMapEncodeTiled");
-  return nb::bytes(reinterpret_cast<const char*>(map.bytes), kTensorMapBytes);
+  pack_args(signature, args.ptr(), slots, params);
+  return nb::bytes(reinterpret_cast<const char*>(slots), signature.size() * sizeof(uint64_t));
 }
 
 }  // namespace
@@ -470,9 +411,6 @@ NB_MODULE(_native, m) {
   m.def("driver_version", &driver_version, "cuDriverGetVersion() (initializes the driver)");
   m.def("pack_args", &pack_args_for_test, nb::arg("signature"), nb::arg("args"),
         "the parameter values launch() would pass, laid out like _pylauncher.layout() (for tests)");
-  m.def("encode_tensor_map", &encode_tensor_map, nb::arg("dtype"), nb::arg("ptr"), nb::arg("dims"),
-        nb::arg("strides"), nb::arg("box"), nb::arg("swizzle"), nb::arg("l2_promotion"), nb::arg("oob"),
-        "cuTensorMapEncodeTiled -> the 128 bytes of the CUtensorMap (use slim_kernel.jit.tensor_map)");
   nb::class_<Kernel>(m, "Kernel")
       .def(nb::init<nb::bytes, std::string, std::string, int>(), nb::arg("cubin"), nb::arg("entry"),
            nb::arg("signature"), nb::arg("device"))

@@ -10,12 +10,14 @@ import argparse
 import importlib
 import os
 import sys
+import warnings
 
 from ._version import __version__
 
 COMMANDS = {
     "info": ("slim_kernel.info", "show versions, devices and, per op, which backends can serve"),
-    "precompile": ("slim_kernel.jit.precompile", "compile every JIT kernel instantiation into the cache"),
+    "precompile": ("slim_kernel.jit.precompile", "compile into the JIT cache what the routing can pick for the "
+                   "given shapes (--model, --router, --fused-a), else every kernel instantiation"),
     "tune": ("slim_kernel.tune", "measure the fastest path for your shapes on this GPU and route by it"),
     "audit": ("slim_kernel.audit.cli", "check wheels for retired AOT code (exit 0 clean, 1 found, 2 unreadable)"),
     "size": ("slim_kernel.audit.size_cli", "report wheel size, per-op native bytes, reduction vs a baseline"),
@@ -24,6 +26,9 @@ COMMANDS = {
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    # A CPU build of torch without numpy warns "Failed to initialize NumPy" on import; slim-kernel
+    # uses no numpy, so the commands keep that noise out of their output (library users keep it).
+    warnings.filterwarnings("ignore", message="Failed to initialize NumPy", category=UserWarning)
     parser = argparse.ArgumentParser(prog="slim-kernel", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=f"slim-kernel {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)

@@ -1,6 +1,8 @@
 """`slim-kernel info`: the doctor. Versions, devices, JIT runtime, knobs and pins (validated), per op
 which backends can serve and why not, the measured routing table in force and what each op would
-pick per shape and M, and the bmm_fp8 fast-path state. Exit 2 when a knob or pin is malformed."""
+pick per shape and M, whether every JIT instance the routing can pick for the given shapes
+(``--model``/``--router``/``--fused-a``; default every model in ``slim_kernel/models.py``) is in the
+cache, and the bmm_fp8 fast-path state. Exit 2 when a knob or pin is malformed."""
 
 from __future__ import annotations
 
@@ -13,7 +15,10 @@ SCHEMA = 1
 
 
 def add_arguments(parser) -> None:
+    from .models import add_shape_arguments
+
     parser.add_argument("--json", action="store_true", help="print machine-readable JSON (schema 1)")
+    add_shape_arguments(parser)
 
 
 def _version(dist: str) -> str | None:
@@ -24,34 +29,42 @@ def _version(dist: str) -> str | None:
 
 
 def _knobs() -> tuple[dict, list[str]]:
-    """Every environment knob and pin with its value, and the errors of malformed ones."""
+    """Every environment knob and pin with its value, and the errors of malformed ones (shown as
+    ``invalid ('<value>')``, never as the default they fall back to)."""
     from . import knobs, registry
-    from .backends import jit as jb
-    from .jit import runtime
+    from .jit import routed, runtime
     from .names import FUSED_A, OPS, ROUTER
 
-    values, errors = {"pdl": knobs.pdl_setting()}, []
-    if knobs.STATE.error:
-        errors.append(knobs.STATE.error)
+    values: dict = {}
+    errors: list[str] = []
+
+    def check(name: str, shown: str, read) -> None:
+        try:
+            values[shown] = read()
+        except (TypeError, ValueError, RuntimeError) as exc:
+            errors.append(str(exc))
+            values[shown] = f"invalid ({os.environ.get(name)!r})"
+
+    def pdl():
+        if knobs.STATE.error:
+            raise ValueError(knobs.STATE.error)
+        return knobs.pdl_setting()
+
+    def launcher():
+        runtime.launcher_name()  # validates the value
+        return os.environ.get(runtime.ENV_LAUNCHER)
+
+    check(knobs.ENV_PDL, "pdl", pdl)
+    check(knobs.ENV_JIT, knobs.ENV_JIT, knobs.jit_mode)
     for op in OPS:
-        try:
-            pinned, by = registry.pinned_backend(op, None)
-            values[registry.env_var(op)] = pinned.value if pinned else None
-        except (TypeError, ValueError) as exc:
-            errors.append(str(exc))
+        check(registry.env_var(op), registry.env_var(op),
+              lambda op=op: getattr(registry.pinned_backend(op, None)[0], "value", None))
     for op in (ROUTER, FUSED_A):
-        try:
-            rules = jb.rules(op)
-            values[jb.env_var(op)] = os.environ.get(jb.env_var(op)) if rules else None
-        except ValueError as exc:
-            errors.append(str(exc))
+        check(routed.env_var(op), routed.env_var(op),
+              lambda op=op: os.environ.get(routed.env_var(op)) if routed.rules(op) else None)
     for name in ("SLIM_KERNEL_JIT_COMPILER", "SLIM_KERNEL_CACHE_DIR", "SLIM_KERNEL_FLASHINFER_DIRECT"):
         values[name] = os.environ.get(name)
-    try:
-        values[runtime.ENV_LAUNCHER] = os.environ.get(runtime.ENV_LAUNCHER)
-        runtime.launcher_name()
-    except (RuntimeError, ValueError) as exc:
-        errors.append(str(exc))
+    check(runtime.ENV_LAUNCHER, runtime.ENV_LAUNCHER, launcher)
     return values, errors
 
 
@@ -138,13 +151,38 @@ def _tables(device=None) -> dict:
     return out
 
 
+def _flashinfer_note() -> str | None:
+    """Why the routing numbers may not fit the installed flashinfer (the extra only has a lower bound)."""
+    from . import routing
+
+    installed, tab = routing.flashinfer_version(), routing.table("sm_90")
+    if installed is None or tab is None or installed in tab.versions:
+        return None
+    return (f"flashinfer {installed} is not one of the measured versions ({', '.join(tab.versions)}): routing uses "
+            "the nearest measured version's numbers (the bmm_fp8 fast path checks itself)")
+
+
+def _coverage(devices: list, shapes: list | None) -> dict:
+    """Whether every JIT instance the routing can pick for ``shapes`` (default: every model's) is in
+    the cache, per arch of the visible GPUs (none: per arch already in the cache)."""
+    from .jit import cached_counts
+    from .jit.arch import arch_for_device
+    from .jit.routed import cache_coverage
+    from .models import all_shapes
+
+    archs = sorted({arch_for_device(d.index) for d in devices if d.type == "cuda"}) or sorted(cached_counts())
+    listed = shapes or all_shapes()
+    return {"shapes": "given" if shapes else "every model in slim_kernel/models.py", "archs": archs,
+            "per_arch": [cache_coverage(arch, listed) for arch in archs]}
+
+
 def _fast_path() -> dict:
     from .backends.flashinfer_fastpath import fast_path_state
 
     return fast_path_state(probe=True)
 
 
-def collect() -> tuple[dict, list[str]]:
+def collect(shapes: list | None = None) -> tuple[dict, list[str]]:
     import torch
 
     from . import __version__, ops, registry  # noqa: F401  (importing ops registers their backends)
@@ -167,6 +205,7 @@ def collect() -> tuple[dict, list[str]]:
         "errors": errors,
         "jit": runtime_info(),
         "routing_tables": _tables(),
+        "notes": [note for note in (_flashinfer_note(),) if note],
         "devices": [],
     }
     for dev in devices:
@@ -183,7 +222,24 @@ def collect() -> tuple[dict, list[str]]:
             entry["routing_tables"] = _tables(dev)
         entry["picks"] = _picks(dev) if dev.type == "cuda" and not errors else []
         report["devices"].append(entry)
+    report["jit_cache_coverage"] = _coverage(devices, shapes) if not errors else None
     return report, errors
+
+
+def _print_coverage(cov: dict | None) -> None:
+    if cov is None:
+        return
+    if not cov["archs"]:
+        print(f"  jit.routed_in_cache ({cov['shapes']}): no GPU visible and no arch in the cache to check")
+    for row in cov["per_arch"]:
+        if "error" in row:
+            state = row["error"]
+        else:
+            state = f"{row['cached']} of {row['routed']} routed instances cached"
+            if row["missing"]:
+                state += f"; MISSING {len(row['missing'])}: {', '.join(row['missing'][:4])}" + (
+                    " ..." if len(row["missing"]) > 4 else "")
+        print(f"  jit.routed_in_cache {row['arch']} ({cov['shapes']}): {state}")
 
 
 def _ranges(rows: list[dict]) -> list[str]:
@@ -201,7 +257,14 @@ def _ranges(rows: list[dict]) -> list[str]:
 
 
 def run(args) -> int:
-    report, errors = collect()
+    from .models import shapes_from_args
+
+    try:
+        shapes = shapes_from_args(args)
+    except ValueError as exc:
+        print(f"slim-kernel info: {exc}")
+        return 2
+    report, errors = collect(shapes)
     if args.json:
         print(json.dumps(report, indent=2))
         return 2 if errors else 0
@@ -211,10 +274,13 @@ def run(args) -> int:
     print(f"  bmm_fp8 fast path: {fp.get('bmm_fp8_fast_path')}" + (f" ({fp['reason']})" if fp.get("reason") else ""))
     for key, value in report["jit"].items():
         print(f"  jit.{key}: {value}")
+    _print_coverage(report["jit_cache_coverage"])
     print("  knobs: " + ", ".join(f"{k}={v}" for k, v in report["knobs"].items() if v is not None))
     for name, tab in report["routing_tables"].items():
         print(f"  routing table {name}: " + (f"{tab['source']} ({tab['device']}, {tab['entries']} points, "
                                              f"flashinfer {', '.join(tab['flashinfer_versions'])})" if tab else "none"))
+    for note in report["notes"]:
+        print(f"  note: {note}")
     for dev in report["devices"]:
         extra = f"  {dev['name']} (SM {dev['capability']}, {dev['sms']} SMs)" if "name" in dev else ""
         print(f"\n{dev['device']}{extra}")

@@ -11,6 +11,10 @@ from __future__ import annotations
 import os
 
 ENV_PDL = "SLIM_KERNEL_PDL"
+# What the JIT does with a kernel missing from its cache: compile it (the default), raise
+# (cache-only), or leave the call to the next backend with one warning (cache-or-fallback).
+ENV_JIT = "SLIM_KERNEL_JIT"
+JIT_MODES = ("compile", "cache-only", "cache-or-fallback")
 _FALSE = ("0", "false", "off", "no")
 _TRUE = ("1", "true", "on", "yes")
 
@@ -56,6 +60,17 @@ def check_env() -> None:
     """Raise the ValueError of a malformed knob (ops call this when they plan a call signature)."""
     if STATE.error is not None:
         raise ValueError(STATE.error)
+    jit_mode()
+
+
+def jit_mode() -> str:
+    """``SLIM_KERNEL_JIT``: ``compile`` (default), ``cache-only`` or ``cache-or-fallback``; read when
+    asked (a plan, a cache miss), so a change applies to the next call signature planned."""
+    raw = os.environ.get(ENV_JIT)
+    value = (raw or "").strip().lower() or "compile"
+    if value not in JIT_MODES:
+        raise ValueError(f"{ENV_JIT} must be one of {', '.join(JIT_MODES)}, got {raw!r}")
+    return value
 
 
 def bump() -> None:

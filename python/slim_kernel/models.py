@@ -1,8 +1,10 @@
 """The models sglang serves through the JIT GEMMs, and their shapes (torch-free).
 
-One list that ``slim-kernel tune --model``, ``precompile --model``, ``info`` and the benchmark
-read. A router shape is ``(E, K, out dtype)`` of ``dsv3_router_gemm`` (``(M, K) @ (E, K)^T``), a
-fused-A shape ``(N, K)`` of ``dsv3_fused_a_gemm`` (MLA's fused q/kv-a projection).
+One list that ``slim-kernel tune``, ``precompile``, ``info`` and the benchmark read, and their
+shape options (``--model NAME``, ``--router E,K[,out]``, ``--fused-a N,K``, all repeatable). A
+router shape is ``(E, K, out dtype)`` of ``dsv3_router_gemm`` (``(M, K) @ (E, K)^T``; sglang asks
+for float32 logits, other callers bf16), a fused-A shape ``(N, K)`` of ``dsv3_fused_a_gemm`` (MLA's
+fused q_a/kv_a projection: q_lora_rank + kv_lora_rank + rope dim = N, hidden size K).
 """
 
 from __future__ import annotations
@@ -87,3 +89,23 @@ def _positive(shape: Shape, text: str) -> Shape:
     if shape.n < 1 or shape.k < 8 or shape.k % 8:
         raise ValueError(f"bad shape {text!r}: need N/E >= 1 and K a positive multiple of 8")
     return shape
+
+
+def add_shape_arguments(parser) -> None:
+    """--model / --router / --fused-a (all repeatable)."""
+    parser.add_argument("--model", action="append", default=[], metavar="NAME",
+                        help=f"every shape of a model: {', '.join(MODELS)} (repeatable)")
+    parser.add_argument("--router", action="append", default=[], metavar="E,K[,out]",
+                        help="a dsv3_router_gemm shape (out: float32, the default, or bfloat16); repeatable")
+    parser.add_argument("--fused-a", action="append", default=[], metavar="N,K",
+                        help="a dsv3_fused_a_gemm shape; repeatable")
+
+
+def shapes_from_args(args) -> list[Shape] | None:
+    """The shapes the options name, each once, or None when none was given; ValueError naming the
+    option on a malformed one or an unknown model."""
+    if not (args.model or args.router or args.fused_a):
+        return None
+    shapes = [s for name in args.model for s in model_shapes(name)]
+    shapes += [parse_router(t) for t in args.router] + [parse_fused_a(t) for t in args.fused_a]
+    return list(dict.fromkeys(shapes))

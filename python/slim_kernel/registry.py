@@ -33,6 +33,7 @@ from . import knobs, routing
 
 __all__ = [
     "BackendUnavailableError",
+    "CallNotServed",
     "KernelBackend",
     "KernelSpec",
     "Selection",
@@ -46,6 +47,12 @@ __all__ = [
 
 class BackendUnavailableError(RuntimeError):
     """A pinned backend cannot serve a call, or no backend can (the message says why)."""
+
+
+class CallNotServed(BackendUnavailableError):
+    """Raised by a ``prepare`` target that declines this call (e.g. a JIT kernel missing from the
+    cache under ``SLIM_KERNEL_JIT=cache-or-fallback``): the next eligible backend serves it, with
+    one warning; a pinned backend raises it."""
 
 
 class KernelBackend(str, enum.Enum):
@@ -279,7 +286,10 @@ def select(op: str, device: torch.device, args: Sequence, backend=None, pdl: boo
     for spec in order:
         fn, reason = _load(spec)
         if fn is not None:
-            return Selection(spec, _bind(spec, fn, args, dec, pdl), why(spec, dec))
+            try:
+                return Selection(spec, _bind(spec, fn, args, dec, pdl), why(spec, dec))
+            except CallNotServed as exc:
+                reason = str(exc)
         warnings.warn(f"slim_kernel: {op} backend {spec.backend.value!r} {reason}; falling back",
                       RuntimeWarning, stacklevel=3)
         reasons.append(f"{spec.backend.value}: {reason}")

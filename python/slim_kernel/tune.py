@@ -35,12 +35,7 @@ FP32_TOL, BF16_TOL = 1e-5, 5e-3
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("--model", action="append", default=[], metavar="NAME",
-                        help=f"every shape of a model ({', '.join(models.MODELS)}); repeatable")
-    parser.add_argument("--router", action="append", default=[], metavar="E,K[,out]",
-                        help="a dsv3_router_gemm shape (out: float32 (default) or bfloat16); repeatable")
-    parser.add_argument("--fused-a", action="append", default=[], metavar="N,K",
-                        help="a dsv3_fused_a_gemm shape; repeatable")
+    models.add_shape_arguments(parser)
     parser.add_argument("--ms", default="1-16", help="M values, e.g. 1-16 or 1,2,4,8,16,32,64 (<= 64)")
     parser.add_argument("--device", default=None, help="CUDA device (default: the current one)")
     parser.add_argument("--cache-dir", help="cache directory the table goes to (default: $SLIM_KERNEL_CACHE_DIR "
@@ -61,11 +56,10 @@ def parse_ms(text: str) -> list[int]:
 
 
 def shapes_from_args(args) -> list[models.Shape]:
-    shapes = [s for name in args.model for s in models.model_shapes(name)]
-    shapes += [models.parse_router(t) for t in args.router] + [models.parse_fused_a(t) for t in args.fused_a]
+    shapes = models.shapes_from_args(args)
     if not shapes:
         raise ValueError("name at least one --model, --router or --fused-a")
-    return list(dict.fromkeys(shapes))
+    return shapes
 
 
 # ---- one point: inputs, candidates, checks ----------------------------------------------------

@@ -2,9 +2,7 @@
 // points the native launcher and cuda-python's launch path use, checks the rules a real driver
 // enforces that a launcher can get wrong (a context must be current, the function's context must
 // be the current one, block size limits, attribute values), and records the last launch so a
-// test can compare what both launchers handed to cuLaunchKernelEx. cuTensorMapEncodeTiled
-// records its arguments and writes a recognisable map: "fake_map", the global address, then
-// bytes 16..127 with the values 16..127.
+// test can compare what both launchers handed to cuLaunchKernelEx.
 //
 //   cc -shared -fPIC -o libcuda.so.1 fake_libcuda.c -Wl,-soname,libcuda.so.1
 #include <stdint.h>
@@ -47,9 +45,8 @@ static __thread int t_depth;
 static char g_contexts[2];  // two fake devices; a context is the address of one of these
 static FakeFunc g_funcs[64];
 static int g_nfuncs;
-static char g_sig[65];  // the signature of the next launches: 't' params are 128 bytes, others 8
+static int g_nparams;  // the parameter count of the next launches (8-byte slots each)
 static char g_last[16384];
-static char g_last_encode[1024];
 static int g_smem_attr[64];
 static int g_launches;
 static int g_capturing;          // a global-mode capture is in progress (fake_set_capturing)
@@ -61,14 +58,8 @@ void fake_set_capturing(int on) { g_capturing = on; }
 
 static CUcontext current(void) { return t_depth ? t_stack[t_depth - 1] : NULL; }
 
-void fake_set_signature(const char* sig) { snprintf(g_sig, sizeof g_sig, "%s", sig); }
-void fake_set_nparams(int n) {
-  if (n < 0 || n > 64) n = 0;
-  memset(g_sig, 'p', (size_t)n);
-  g_sig[n] = 0;
-}
+void fake_set_nparams(int n) { g_nparams = n < 0 || n > 64 ? 0 : n; }
 const char* fake_last_launch(void) { return g_last; }
-const char* fake_last_encode(void) { return g_last_encode; }
 int fake_launch_count(void) { return g_launches; }
 int fake_ctx_depth(void) { return t_depth; }
 int fake_capture_mode(void) { return t_mode; }
@@ -174,55 +165,13 @@ CUresult cuLaunchKernelEx(const LaunchConfig* cfg, void* fn, void** params, void
                     a->value.programmaticStreamSerializationAllowed);
   }
   n += snprintf(g_last + n, sizeof g_last - n, "], \"params\": [");
-  for (int i = 0; g_sig[i]; ++i) {
-    n += snprintf(g_last + n, sizeof g_last - n, "%s\"", i ? ", " : "");
-    if (g_sig[i] == 't') {  // a tensor map: its 128 bytes in memory order
-      for (int b = 0; b < 128; ++b) n += snprintf(g_last + n, sizeof g_last - n, "%02x", ((unsigned char*)params[i])[b]);
-    } else {
-      unsigned long long v;
-      memcpy(&v, params[i], 8);  // the launchers keep 8-byte slots; the kernel reads its own size
-      n += snprintf(g_last + n, sizeof g_last - n, "%016llx", v);
-    }
-    n += snprintf(g_last + n, sizeof g_last - n, "\"");
+  for (int i = 0; i < g_nparams; ++i) {
+    unsigned long long v;
+    memcpy(&v, params[i], 8);  // the launchers keep 8-byte slots; the kernel reads its own size
+    n += snprintf(g_last + n, sizeof g_last - n, "%s\"%016llx\"", i ? ", " : "", v);
   }
-  n += snprintf(g_last + n, sizeof g_last - n, "], \"map_align\": [");  // address % 128 of each 't' param
-  for (int i = 0, k = 0; g_sig[i]; ++i)
-    if (g_sig[i] == 't') n += snprintf(g_last + n, sizeof g_last - n, "%s%u", k++ ? ", " : "", (unsigned)((uintptr_t)params[i] % 128));
   snprintf(g_last + n, sizeof g_last - n, "]}");
   ++g_launches;
-  return OK;
-}
-
-static int put_u64s(char* out, size_t room, const char* key, const uint64_t* v, unsigned count) {
-  int n = snprintf(out, room, ", \"%s\": [", key);
-  for (unsigned i = 0; i < count; ++i) n += snprintf(out + n, room - n, "%s%llu", i ? ", " : "", (unsigned long long)v[i]);
-  return n + snprintf(out + n, room - n, "]");
-}
-
-CUresult cuTensorMapEncodeTiled(void* map, int dtype, unsigned rank, void* address, const uint64_t* dims,
-                                const uint64_t* strides, const unsigned* box, const unsigned* elem_strides,
-                                int interleave, int swizzle, int l2, int oob) {
-  if (!g_initialized) return NOT_INITIALIZED;  // needs cuInit, not a context
-  if ((uintptr_t)map % 64 || rank < 1 || rank > 5 || (uintptr_t)address % 16) return INVALID_VALUE;
-  for (unsigned i = 0; i < rank; ++i)
-    if (box[i] < 1 || box[i] > 256) return INVALID_VALUE;
-  uint64_t box64[5], elem64[5];
-  for (unsigned i = 0; i < rank; ++i) box64[i] = box[i], elem64[i] = elem_strides[i];
-  size_t room = sizeof g_last_encode;
-  int n = snprintf(g_last_encode, room, "{\"dtype\": %d, \"rank\": %u, \"address\": %llu", dtype, rank,
-                   (unsigned long long)(uintptr_t)address);
-  n += put_u64s(g_last_encode + n, room - n, "dims", dims, rank);
-  n += put_u64s(g_last_encode + n, room - n, "strides", strides, rank - 1);
-  n += put_u64s(g_last_encode + n, room - n, "box", box64, rank);
-  n += put_u64s(g_last_encode + n, room - n, "element_strides", elem64, rank);
-  snprintf(g_last_encode + n, room - n,
-           ", \"interleave\": %d, \"swizzle\": %d, \"l2_promotion\": %d, \"oob\": %d, \"map_align\": %u}",
-           interleave, swizzle, l2, oob, (unsigned)((uintptr_t)map % 128));
-  unsigned char* out = map;
-  uint64_t addr = (uint64_t)(uintptr_t)address;
-  memcpy(out, "fake_map", 8);
-  memcpy(out + 8, &addr, 8);
-  for (int b = 16; b < 128; ++b) out[b] = (unsigned char)b;
   return OK;
 }
 

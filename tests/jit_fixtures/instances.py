@@ -19,9 +19,4 @@ def smem_cluster() -> KernelInstance:
     return KernelInstance.make(str(HERE / "fixture_smem_cluster.cuh"), "fixture_smem_cluster", "ppi")
 
 
-def tma(**defines: int) -> KernelInstance:
-    """(a tensor map, row0, b tensor map, out bf16): two TMA tile loads per block, tiles written out raw."""
-    return KernelInstance.make(str(HERE / "fixture_tma.cuh"), "fixture_tma", "titp", **defines)
-
-
-ALL = (axpby, smem_cluster, tma)
+ALL = (axpby, smem_cluster)

@@ -1,10 +1,12 @@
 """JIT backend: our CUDA kernels (``jit/kernels/``, catalogued in ``jit/catalogue.py``) for both GEMM ops.
 
 ``prepare_<op>(args, variant)`` is called once per call signature (the op layer caches the
-result): it picks the kernel configuration (``SLIM_KERNEL_JIT_CONFIG_<OP>`` rules, else the
-routing table's ``variant``, else the catalogue's fallback), compiles/loads the instance and
-returns ``fn(output, *inputs)`` with the launch geometry bound, so a call is one launch.
-Importing this module imports only torch; the JIT runtime loads on the first prepare.
+result): it picks the kernel configuration (``jit/routed.py``: ``SLIM_KERNEL_JIT_CONFIG_<OP>``
+rules, else the routing table's ``variant``, else the catalogue's fallback), compiles/loads the
+instance and returns ``fn(output, *inputs)`` with the launch geometry bound, so a call is one
+launch. Under ``SLIM_KERNEL_JIT=cache-or-fallback`` an instance missing from the cache makes it
+decline the call (``registry.CallNotServed``: the next backend serves it); under ``cache-only``
+the call raises. Importing this module imports only torch; the JIT runtime loads on the first prepare.
 
 Environment (read when a call is first planned; ``set_config`` changes the rules at run time):
   SLIM_KERNEL_JIT_CONFIG_DSV3_ROUTER_GEMM   tile rules, e.g. "8:kernel=narrow,rows=2;64:rt=1,stages=8"
@@ -13,50 +15,17 @@ Environment (read when a call is first planned; ``set_config`` changes the rules
 
 from __future__ import annotations
 
-import os
-
 import torch
 
 from .. import devices, knobs
 from ..jit import catalogue as cat
+from ..jit.routed import config_for, env_var, rules, set_config  # noqa: F401  (the backend's config API)
 from ..names import FUSED_A, ROUTER
 from ..pdl import launch_pdl
+from ..registry import CallNotServed
 
 _INT32_MAX = 2**31 - 1
-_RULES: dict[str, cat.Rules | None] = {}  # op -> rules set at run time or from the environment
 _SM_COUNT: dict[int, int] = {}
-
-
-def env_var(op: str) -> str:
-    return f"SLIM_KERNEL_JIT_CONFIG_{op.upper()}"
-
-
-def rules(op: str) -> cat.Rules | None:
-    """The tile rules in force for ``op`` (set_config, else the environment), or None (routing decides)."""
-    if op not in _RULES:
-        text = os.environ.get(env_var(op))
-        try:
-            _RULES[op] = cat.parse_rules(text, op) if text else None
-        except ValueError as exc:
-            raise ValueError(f"{env_var(op)}: {exc}") from None
-    return _RULES[op]
-
-
-def set_config(op: str, text_or_rules) -> None:
-    """Replace ``op``'s tile rules (a rule string, parsed rules, or None: back to the routing table)."""
-    _RULES[op] = cat.parse_rules(text_or_rules, op) if isinstance(text_or_rules, str) else text_or_rules
-    knobs.bump()
-
-
-def config_for(op: str, m: int, variant: str | None) -> tuple[str, cat.GemmConfig]:
-    """(label, config) serving ``op`` at ``m``: the rules in force, else ``variant``, else the fallback."""
-    r = rules(op)
-    if r is not None:
-        return "rules", cat.rule_for(r, m)
-    cfg = cat.VARIANTS[op].get(variant or "")
-    if cfg is not None and cat.variant_serves(cfg, op, m):
-        return variant, cfg
-    return cat.FALLBACK_VARIANT, cat.VARIANTS[op][cat.FALLBACK_VARIANT]
 
 
 def _sm_count(device_index: int) -> int:
@@ -78,12 +47,18 @@ def _prepare(op: str, output: torch.Tensor, act: torch.Tensor, n: int, ldw: int,
     """fn(output, act, w) launching the configured kernel for this call signature and launch
     context (``pdl``: with PDL or not; None: as slim_kernel.pdl decides now)."""
     from ..jit import get_kernel
+    from ..jit.cache import CacheMissError
 
     m, k = act.shape
     dev = devices.index(act.device)  # the tensors' device: kernel, SM count, stream (slim_kernel/devices.py)
     _, cfg = config_for(op, m, variant)
     out_dtype = str(output.dtype).removeprefix("torch.")
-    kernel = get_kernel(cfg.instance(op, m, out_dtype, (n, k)), dev)
+    try:
+        kernel = get_kernel(cfg.instance(op, m, out_dtype, (n, k)), dev)
+    except CacheMissError as exc:
+        if knobs.jit_mode() != "cache-or-fallback":
+            raise
+        raise CallNotServed(f"cannot serve this call without compiling: {exc}") from None
     grid, block, cluster = cfg.geometry(n, k, _sm_count(dev))
     smem = cfg.smem(m)
     if smem > cat.MAX_SMEM:

@@ -4,10 +4,19 @@ from __future__ import annotations
 
 import torch
 
+# torch.mm/bmm(..., out_dtype=) (bf16 operands -> an fp32 result from cuBLAS, CUDA only) came after
+# the oldest torch this package supports; where it is missing the operands go up to fp32 first
+# (the same fp32 accumulation, one more copy of each operand).
+MM_OUT_DTYPE = "dtype" in torch.ops.aten.mm.overloads() and "dtype" in torch.ops.aten.bmm.overloads()
+
+
+def _bf16_on_cuda(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.is_cuda and a.dtype == torch.bfloat16 and b.dtype == torch.bfloat16
+
 
 def _mm_fp32(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """a @ b with fp32 accumulation and an fp32 result (no bf16 split-K reduction)."""
-    if a.is_cuda and a.dtype == torch.bfloat16 and b.dtype == torch.bfloat16:
+    if MM_OUT_DTYPE and _bf16_on_cuda(a, b):
         if a.dim() == 2:
             return torch.mm(a, b, out_dtype=torch.float32)
         return torch.bmm(a, b, out_dtype=torch.float32)
@@ -24,13 +33,13 @@ def _mm_into(output: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
     """output = a @ b. On CUDA with bf16 operands and a contiguous output, cuBLAS writes the output
     in place (fp32 compute, as F.linear; 1.2-1.4 us less than compute-then-copy in a graph, and the
     same error on the H200 runs: bf16 rounding of the result, 1.6e-3 relative). Elsewhere: fp32, then copy."""
-    if (a.is_cuda and a.dtype == torch.bfloat16 and b.dtype == torch.bfloat16 and output.is_contiguous()
-            and output.dtype in (torch.float32, torch.bfloat16)):
-        if output.dtype == torch.float32:
-            torch.mm(a, b, out_dtype=torch.float32, out=output)
-        else:
+    if _bf16_on_cuda(a, b) and output.is_contiguous():
+        if output.dtype == torch.bfloat16:
             torch.mm(a, b, out=output)
-        return
+            return
+        if output.dtype == torch.float32 and MM_OUT_DTYPE:
+            torch.mm(a, b, out_dtype=torch.float32, out=output)
+            return
     output.copy_(_mm_fp32(a, b))
 
 

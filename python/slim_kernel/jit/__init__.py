@@ -7,31 +7,29 @@ Importing this package needs no GPU, driver or compiler; they are looked up on f
 - :func:`available` -> None, or why the JIT cannot run here (the JIT backend's probe)
 - :func:`runtime_info` -> what ``slim-kernel info`` prints
 - :func:`resource_usage` ``(instance, arch)`` -> registers / spills / static smem (ptxas report)
-- :func:`tensor_map` ``(ptr, dims, strides_bytes, box, *, dtype, swizzle, ...)`` -> :class:`TensorMap`,
-  a TMA descriptor for a kernel parameter of signature code ``t``
 
 Environment: ``SLIM_KERNEL_JIT_COMPILER=nvrtc|nvcc``, ``SLIM_KERNEL_CACHE_DIR``,
-``SLIM_KERNEL_LAUNCHER=native|python``.
+``SLIM_KERNEL_LAUNCHER=native|python``, ``SLIM_KERNEL_JIT=compile|cache-only|cache-or-fallback``
+(what a cache miss does: compile, :class:`CacheMissError`, or the next backend serves the call).
 """
 
 from __future__ import annotations
 
 from .arch import arch_for_capability, arch_for_device, normalize_arch
-from .cache import cache_root, cached_counts, compile_cubin, get_entry, is_cached
+from .cache import CacheMissError, cache_root, cached_counts, compile_cubin, get_entry, is_cached
 from .compiler import CompileError, CompilerUnavailableError, get_compiler
 from .resources import ResourceUsage, check_limits
 from .runtime import LoadedKernel, available, get_kernel, launcher_name
 from .sources import declared_limits
 from .spec import KernelInstance
-from .tma import TensorMap, tensor_map
 
 __all__ = [
+    "CacheMissError",
     "CompileError",
     "CompilerUnavailableError",
     "KernelInstance",
     "LoadedKernel",
     "ResourceUsage",
-    "TensorMap",
     "arch_for_capability",
     "arch_for_device",
     "available",
@@ -45,7 +43,6 @@ __all__ = [
     "normalize_arch",
     "resource_usage",
     "runtime_info",
-    "tensor_map",
 ]
 
 

@@ -3,7 +3,7 @@
 Used when the native module is absent (pure wheel) or ``SLIM_KERNEL_LAUNCHER=python``. Arguments
 are packed by the signature with one ``struct.pack_into`` into a parameter block whose address
 goes to ``cuLaunchKernelEx`` (no per-argument cuda-python marshalling). The block holds one
-8-byte slot per ``pilf`` parameter and 128 bytes, 128-byte aligned, per tensor map (``t``).
+8-byte slot per parameter.
 """
 
 from __future__ import annotations
@@ -12,12 +12,8 @@ import ctypes
 import struct
 import threading
 
-from .spec import MAX_TENSOR_MAPS, TENSOR_MAP_BYTES
-
 DEFAULT_SMEM_LIMIT = 48 * 1024
-_SLOT = {"p": "Q", "i": "i4x", "l": "q", "f": "f4x", "t": f"{TENSOR_MAP_BYTES}s"}
-# The driver documents 64-byte alignment for a CUtensorMap; CUDA 13's cuda.h declares it alignas(128).
-TENSOR_MAP_ALIGN = 128
+_SLOT = {"p": "Q", "i": "i4x", "l": "q", "f": "f4x"}
 
 
 def _driver():
@@ -106,20 +102,8 @@ class _RelaxedCapture:
 
 def layout(signature: str) -> tuple[str, tuple[int, ...], int]:
     """``(struct format, offset of each parameter, block size)`` of the parameter block: an
-    8-byte slot per ``pilf`` parameter, a TENSOR_MAP_ALIGN-aligned 128-byte one per ``t``."""
-    fmt, offsets, size = "<", [], 0
-    for code in signature:
-        if code == "t" and size % TENSOR_MAP_ALIGN:
-            pad = -size % TENSOR_MAP_ALIGN
-            fmt, size = fmt + f"{pad}x", size + pad
-        fmt += _SLOT[code]
-        offsets.append(size)
-        size += TENSOR_MAP_BYTES if code == "t" else 8
-    return fmt, tuple(offsets), size
-
-
-def _is_tensor_map(value) -> bool:
-    return isinstance(value, bytes) and len(value) == TENSOR_MAP_BYTES
+    8-byte slot per parameter."""
+    return "<" + "".join(_SLOT[code] for code in signature), tuple(range(0, 8 * len(signature), 8)), 8 * len(signature)
 
 
 def pack_args(signature: str, args: tuple) -> bytes:
@@ -131,12 +115,6 @@ def pack_args(signature: str, args: tuple) -> bytes:
     for i, (code, value) in enumerate(zip(signature, args)):
         if code == "p" and not isinstance(value, int):
             raise TypeError(f"kernel argument {i} (signature 'p') must be an int device pointer (tensor.data_ptr())")
-        if code == "t":
-            if not _is_tensor_map(value):
-                got = f"{len(value)} bytes" if isinstance(value, bytes) else type(value).__name__
-                raise TypeError(f"kernel argument {i} (signature 't') must be a TensorMap (jit.tensor_map) or "
-                                f"{TENSOR_MAP_BYTES} bytes, got {got}")
-            continue
         try:
             struct.pack("<" + _SLOT[code], value)
         except struct.error as exc:
@@ -146,9 +124,7 @@ def pack_args(signature: str, args: tuple) -> bytes:
 
 def check_signature(signature: str) -> None:
     if set(signature) - set(_SLOT):
-        raise ValueError(f"signature {signature} has a code outside 'pilft'")
-    if signature.count("t") > MAX_TENSOR_MAPS:
-        raise ValueError(f"signature {signature} has more than {MAX_TENSOR_MAPS} tensor maps ('t')")
+        raise ValueError(f"signature {signature} has a code outside 'pilf'")
 
 
 def _init(cu) -> None:
@@ -157,46 +133,6 @@ def _init(cu) -> None:
     except Exception as exc:  # noqa: BLE001 - cuda-python raises its own types when libcuda is missing
         raise RuntimeError(f"slim_kernel: cannot initialize the CUDA driver: {type(exc).__name__}: {exc}") from exc
     _check(cu, init, "cuInit")
-
-
-_ENCODE: list = []
-
-
-def _encode_tiled():
-    """libcuda's cuTensorMapEncodeTiled through ctypes, writing into our aligned buffer: the driver
-    needs a 64-byte aligned map, and cuda.bindings.driver.cuTensorMapEncodeTiled encodes into a
-    CUtensorMap inside a Python object, which is only 16-byte aligned (seen with cuda-bindings 13.5)."""
-    if not _ENCODE:
-        fn = ctypes.CDLL("libcuda.so.1").cuTensorMapEncodeTiled
-        u32p, u64p = ctypes.POINTER(ctypes.c_uint32), ctypes.POINTER(ctypes.c_uint64)
-        fn.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_uint32, ctypes.c_void_p, u64p, u64p, u32p, u32p,
-                       ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int]
-        fn.restype = ctypes.c_int
-        _ENCODE.append(fn)
-    return _ENCODE[0]
-
-
-def encode_tensor_map(dtype: int, ptr: int, dims, strides, box, swizzle: int, l2_promotion: int, oob: int) -> bytes:
-    """``cuTensorMapEncodeTiled`` with element strides 1 and no interleave -> the 128 bytes
-    (same arguments as ``_native.encode_tensor_map``; ``slim_kernel.jit.tensor_map`` checks them)."""
-    rank = len(dims)
-    if not 1 <= rank <= 5 or len(strides) != rank - 1 or len(box) != rank:
-        raise ValueError(f"tensor map rank {rank}: need 1..5 dims, rank-1 strides and rank box entries")
-    cu = _driver()
-    _init(cu)
-    storage = ctypes.create_string_buffer(TENSOR_MAP_BYTES + TENSOR_MAP_ALIGN)
-    address = ctypes.addressof(storage)
-    address += -address % TENSOR_MAP_ALIGN
-    u32, u64 = ctypes.c_uint32, ctypes.c_uint64
-    err = _encode_tiled()(address, dtype, rank, ptr, (u64 * rank)(*dims), (u64 * max(rank - 1, 1))(*strides),
-                          (u32 * rank)(*box), (u32 * rank)(*[1] * rank), 0, swizzle, l2_promotion, oob)
-    if err:
-        try:
-            err = cu.CUresult(err)
-        except ValueError:
-            pass
-        raise RuntimeError(f"slim_kernel: cuTensorMapEncodeTiled failed: {_name(cu, err)}")
-    return ctypes.string_at(address, TENSOR_MAP_BYTES)
 
 
 class Kernel:
@@ -220,7 +156,6 @@ class Kernel:
         self._non_portable = False
         fmt, self._offsets, self._size = layout(signature)
         self._fmt = struct.Struct(fmt)
-        self._maps = tuple(i for i, c in enumerate(signature) if c == "t")
         self._configs: dict = {}  # (grid, block, stream, smem, pdl, cluster) -> CUlaunchConfig
         self._local = threading.local()  # per-thread parameter block (the driver copies it at launch)
 
@@ -234,18 +169,16 @@ class Kernel:
             return _check(cu, cu.cuFuncGetAttribute(cu.CUfunction_attribute(attr), self._func), "cuFuncGetAttribute")
 
     def _params(self):
-        """This thread's ``(storage, offset of the aligned block in it, address of the pointer array)``."""
+        """This thread's ``(storage, address of the pointer array)``."""
         local = self._local
         try:
-            return local.storage, local.offset, local.address
+            return local.storage, local.address
         except AttributeError:
-            local.storage = storage = ctypes.create_string_buffer(max(self._size, 8) + TENSOR_MAP_ALIGN)
+            local.storage = storage = ctypes.create_string_buffer(max(self._size, 8))
             base = ctypes.addressof(storage)
-            local.offset = -base % TENSOR_MAP_ALIGN
-            base += local.offset
             local.params = (ctypes.c_void_p * max(len(self._offsets), 1))(*[base + o for o in self._offsets])
             local.address = ctypes.addressof(local.params)
-            return storage, local.offset, local.address
+            return storage, local.address
 
     def _config(self, key, grid, block, stream, smem, pdl, cluster):
         """Build (and cache) the launch config; raise the function's limits the first time needed."""
@@ -298,14 +231,11 @@ class Kernel:
             cfg = self._config(key, grid, block, stream, smem, pdl, cluster)[0]
         except TypeError:  # unhashable (lists): build without caching
             cfg = self._config(None, grid, block, stream, smem, pdl, cluster)[0]
-        storage, offset, params = self._params()
+        storage, params = self._params()
         try:
             if type(args) is not tuple:
                 raise TypeError
-            self._fmt.pack_into(storage, offset, *args)
-            # struct's "128s" pads or truncates, and takes bytearrays: tensor maps are checked here
-            if self._maps and not all(_is_tensor_map(args[i]) for i in self._maps):
-                raise TypeError
+            self._fmt.pack_into(storage, 0, *args)
         except (struct.error, TypeError):
             pack_args(self.signature, args)  # raises the error naming the argument
             raise

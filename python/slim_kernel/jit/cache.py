@@ -39,6 +39,7 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
+from .. import knobs
 from .._version import __version__
 from .arch import normalize_arch, sm_version
 from .compiler import NVCC_TIMEOUT_S, Compiler, get_compiler, nvcc_temp_parent
@@ -310,12 +311,17 @@ def _resolve(instance: KernelInstance, arch: str, compiler: Compiler | str | Non
     return arch, compiler, key, entry_path(instance, arch, key)
 
 
+class CacheMissError(RuntimeError):
+    """A kernel is not in the cache and ``SLIM_KERNEL_JIT`` forbids compiling it at run time."""
+
+
 def get_entry(instance: KernelInstance, arch: str, compiler: Compiler | str | None = None) -> CacheEntry:
-    """The cache entry for ``instance`` on ``arch``, compiling (once, across processes) if needed."""
+    """The cache entry for ``instance`` on ``arch``, compiling (once, across processes) if needed;
+    :class:`CacheMissError` instead of a compile under ``SLIM_KERNEL_JIT=cache-only|cache-or-fallback``."""
     arch, compiler, key, path = _resolve(instance, arch, compiler)
     entry = _MEMORY.get(key)
     if entry is None:
-        entry = _load_or_compile(instance, arch, compiler, key, path)
+        entry = _load_or_compile(instance, arch, compiler, key, path, knobs.jit_mode())
         with _MEMORY_LOCK:
             _MEMORY[key] = entry
     return entry
@@ -327,10 +333,16 @@ def load_or_compile(instance: KernelInstance, arch: str, compiler: Compiler | st
     return _load_or_compile(instance, *_resolve(instance, arch, compiler))
 
 
-def _load_or_compile(instance, arch: str, compiler: Compiler, key: str, path: Path) -> CacheEntry:
+def _load_or_compile(instance, arch: str, compiler: Compiler, key: str, path: Path, mode: str = "compile") -> CacheEntry:
     entry, why = read_entry(path, key, arch)
     if entry is not None:
         return entry
+    if mode != "compile":
+        raise CacheMissError(
+            f"slim_kernel: JIT kernel {instance.label} for {arch} is not in the cache {path.parent} "
+            f"({why}) and {knobs.ENV_JIT}={mode} forbids compiling it at run time; fill the cache with "
+            f"`slim-kernel precompile --arch {arch} --model NAME` (or --router/--fused-a) under the same "
+            f"compiler ({compiler.fingerprint()}) and {ENV_CACHE_DIR}")
     store_error: OSError | None = None
     with contextlib.ExitStack() as stack:
         try:

@@ -156,7 +156,11 @@ class NvrtcCompiler(Compiler):
     _lock = threading.Lock()
 
     def __init__(self):
-        if importlib.util.find_spec("cuda.bindings") is None:
+        try:
+            found = importlib.util.find_spec("cuda.bindings") is not None
+        except ModuleNotFoundError:  # no `cuda` package at all
+            found = False
+        if not found:
             raise CompilerUnavailableError("cuda.bindings (cuda-python) is not installed; pip install cuda-bindings")
         path, major, minor = _load_nvrtc()
         self._include = _cuda_include_dirs()

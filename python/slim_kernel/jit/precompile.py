@@ -1,7 +1,11 @@
-"""`slim-kernel precompile [--arch 9.0a ...] [--ops ...]`: fill the JIT cache ahead of time.
+"""`slim-kernel precompile [--arch 9.0a ...] [--model NAME | --router E,K[,OUT] | --fused-a N,K ...] [--ops ...]`:
+fill the JIT cache ahead of time.
 
-Compiles every kernel instantiation the ops can launch for the listed archs, in parallel, with no
-GPU needed, so an image can ship a warm cache. At the end every entry is re-read from disk and
+With shapes (a model's, or given one by one: ``slim_kernel/models.py``) it compiles exactly the
+instances the routing can pick for them on each listed arch (``jit/routed.py``: every M of the JIT
+window, both launch contexts, the installed flashinfer version, the tile rules in force); without,
+every kernel instantiation of the catalogue. In parallel, with no GPU needed, so an image can ship
+a warm cache and serve with ``SLIM_KERNEL_JIT=cache-only``. At the end every entry is re-read from disk and
 verified, and one summary line counts those: compiled by this run, or already present (before the
 run, or published meanwhile by a concurrent run). A progress bar is shown on a terminal only.
 
@@ -19,6 +23,7 @@ import time
 import warnings
 from concurrent.futures import ProcessPoolExecutor, as_completed
 
+from ..models import add_shape_arguments, shapes_from_args
 from .arch import normalize_arch, sm_version
 from .cache import ENV_CACHE_DIR, cache_root, load_or_compile, os_reason, prepare_dir, verify_on_disk
 from .compiler import COMPILER_NAMES, ENV_COMPILER, CompileError, CompilerUnavailableError, get_compiler
@@ -32,6 +37,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("--arch", action="append", metavar="ARCH",
                         help="target arch, SM >= 9.0, e.g. 9.0a or sm_100a (repeatable; default: the visible "
                              "GPUs, else 9.0a)")
+    add_shape_arguments(parser)
     parser.add_argument("--ops", nargs="+", metavar="OP", help="only these ops (default: all JIT ops)")
     parser.add_argument("--compiler", choices=COMPILER_NAMES,
                         help=f"force a compiler (default: ${ENV_COMPILER} or automatic)")
@@ -61,6 +67,22 @@ def load_instances(ops: list[str] | None) -> list[KernelInstance]:
     if unknown:
         raise ValueError(f"--ops: unknown op(s) {', '.join(unknown)}; JIT ops are {', '.join(known)}")
     return [inst for op, inst in pairs if not ops or op in ops]
+
+
+def instances_for(arch: str, ops: list[str] | None, shapes: list | None) -> list[KernelInstance]:
+    """What to compile for ``arch``: the routed instances of ``shapes``, or (None) the whole catalogue."""
+    everything = load_instances(ops)  # also names unknown ops
+    if shapes is None:
+        return everything
+    from .routed import routed_instances
+
+    return [inst for op, inst in routed_instances(arch, shapes) if not ops or op in ops]
+
+
+def _scope(shapes: list | None) -> str:
+    if shapes is None:
+        return "every catalogued instance"
+    return f"routed for {'; '.join(s.label() for s in shapes)}"
 
 
 def supported_arch(arch: str) -> str:
@@ -132,17 +154,13 @@ def compile_all(todo: list, compiler: str, jobs: int, bar=None) -> dict:
     return results
 
 
-def _label(instance: KernelInstance, arch: str) -> str:
-    defines = ",".join(f"{k}={v}" for k, v in instance.defines)
-    return f"{instance.entry}[{defines}] {arch}"
-
-
 def run(args) -> int:
     if args.cache_dir:
         os.environ[ENV_CACHE_DIR] = args.cache_dir  # inherited by the worker processes
     try:
+        shapes = shapes_from_args(args)
         archs = list(dict.fromkeys(supported_arch(a) for a in (args.arch or _default_archs())))
-        instances = load_instances(args.ops)
+        jobs = [(inst, arch) for arch in archs for inst in instances_for(arch, args.ops, shapes)]
         compiler = get_compiler(args.compiler)
     except (RuntimeError, ValueError) as exc:
         print(f"slim-kernel precompile: {exc}", file=sys.stderr)
@@ -151,7 +169,6 @@ def run(args) -> int:
         print("slim-kernel precompile: --jobs must be >= 1", file=sys.stderr)
         return 2
     root = cache_root()
-    jobs = [(inst, arch) for arch in archs for inst in instances]
     todo = [job for job in jobs if verify_on_disk(*job, compiler) is not None]
     for arch in dict.fromkeys(arch for _, arch in todo):  # fail in a moment, not after every compile
         try:
@@ -170,10 +187,9 @@ def run(args) -> int:
     compiled = sum(results.get(job, (False,))[0] for job in jobs if job not in missing)
     for job, why in missing.items():
         reported = results.get(job, (False, None))[1]
-        print(f"FAILED {_label(*job)}: {reported or f'not in the cache after the run ({why})'}", file=sys.stderr)
+        print(f"FAILED {job[0].label} {job[1]}: {reported or f'not in the cache after the run ({why})'}", file=sys.stderr)
     verified = len(jobs) - len(missing)
     print(f"precompile: {verified} of {len(jobs)} verified in the cache {root} ({compiled} compiled by this run, "
           f"{verified - compiled} already present{f', {len(missing)} FAILED' if missing else ''}); "
-          f"{len(instances)} kernels x {', '.join(archs)}, {compiler.fingerprint()}, "
-          f"{time.perf_counter() - start:.1f} s")
+          f"{_scope(shapes)}; {', '.join(archs)}; {compiler.fingerprint()}; {time.perf_counter() - start:.1f} s")
     return 1 if missing else 0

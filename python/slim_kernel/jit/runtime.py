@@ -27,8 +27,7 @@ class LoadedKernel:
 
     ``launch(grid, block, args, *, stream, smem=0, pdl=False, cluster=None)``: grid/block are
     tuples of up to 3 positive ints; args a tuple matching the signature (p = device pointer int,
-    i = int32, l = int64, f = float32, t = a :class:`~slim_kernel.jit.tma.TensorMap` or any 128
-    bytes, passed by value); stream the raw ``cudaStream_t`` int
+    i = int32, l = int64, f = float32); stream the raw ``cudaStream_t`` int
     (``torch.cuda.current_stream().cuda_stream``); smem the dynamic shared memory in bytes (the
     kernel's limit is raised once when above 48 KiB); pdl launches with programmatic stream
     serialization (the kernel should ``griddepcontrol.wait`` before reading its predecessor's

@@ -11,12 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 # Launch-argument signature codes, one per kernel parameter:
-#   p = device pointer (int address), i = int32, l = int64, f = float32,
-#   t = CUtensorMap passed by value (a TensorMap from jit.tensor_map(); the kernel declares it
-#       ``const __grid_constant__`` with a 64-byte aligned 128-byte struct)
-SIGNATURE_CODES = frozenset("pilft")
-TENSOR_MAP_BYTES = 128
-MAX_TENSOR_MAPS = 16  # 't' parameters per kernel (2 KiB of the 4 KiB classic parameter space)
+#   p = device pointer (int address), i = int32, l = int64, f = float32
+SIGNATURE_CODES = frozenset("pilf")
 
 
 @dataclass(frozen=True)
@@ -31,8 +27,11 @@ class KernelInstance:
             raise ValueError(f"signature {self.signature!r} has codes outside {sorted(SIGNATURE_CODES)}")
         if list(self.defines) != sorted(self.defines):
             raise ValueError("defines must be sorted by name (they are part of the cache key)")
-        if self.signature.count("t") > MAX_TENSOR_MAPS:
-            raise ValueError(f"signature {self.signature!r} has more than {MAX_TENSOR_MAPS} tensor maps ('t')")
+
+    @property
+    def label(self) -> str:
+        """``entry[NAME=value,...]``: how logs and errors name the instance."""
+        return self.entry + "[" + ",".join(f"{k}={v}" for k, v in self.defines) + "]"
 
     @classmethod
     def make(cls, source: str, entry: str, signature: str, **defines: int | str) -> KernelInstance:

@@ -1,0 +1,116 @@
+"""Which JIT kernel instance serves a call, and every instance the routing can pick for given shapes.
+
+Torch-free. One call of a JIT op at (shape, M) runs the configuration of :func:`config_for`: the
+tile rules in force (``SLIM_KERNEL_JIT_CONFIG_<OP>``, :func:`set_config`), else the variant the
+routing table names for the JIT backend at that point (:func:`routed_variant`), else the
+catalogue's fallback. :func:`routed_instances` lists those instances for every M of the JIT window,
+both launch contexts (with and without PDL) and the installed flashinfer version: what
+``slim-kernel precompile --model/--router/--fused-a`` compiles and ``slim-kernel info`` checks in the
+cache. It lists the JIT instance of every point, also where another backend ranks first, so the
+JIT can serve any of them (a pinned ``backend="jit"``, flashinfer missing) without compiling.
+"""
+
+from __future__ import annotations
+
+import os
+
+from .. import knobs, routing
+from . import catalogue as cat
+from .spec import KernelInstance
+
+_RULES: dict[str, cat.Rules | None] = {}  # op -> rules set at run time or from the environment
+
+
+def env_var(op: str) -> str:
+    return f"SLIM_KERNEL_JIT_CONFIG_{op.upper()}"
+
+
+def rules(op: str) -> cat.Rules | None:
+    """The tile rules in force for ``op`` (set_config, else the environment), or None (routing decides)."""
+    if op not in _RULES:
+        text = os.environ.get(env_var(op))
+        try:
+            _RULES[op] = cat.parse_rules(text, op) if text else None
+        except ValueError as exc:
+            raise ValueError(f"{env_var(op)}: {exc}") from None
+    return _RULES[op]
+
+
+def set_config(op: str, text_or_rules) -> None:
+    """Replace ``op``'s tile rules (a rule string, parsed rules, or None: back to the routing table)."""
+    _RULES[op] = cat.parse_rules(text_or_rules, op) if isinstance(text_or_rules, str) else text_or_rules
+    knobs.bump()
+
+
+def config_for(op: str, m: int, variant: str | None) -> tuple[str, cat.GemmConfig]:
+    """(label, config) serving ``op`` at ``m``: the rules in force, else ``variant``, else the fallback."""
+    r = rules(op)
+    if r is not None:
+        return "rules", cat.rule_for(r, m)
+    cfg = cat.VARIANTS[op].get(variant or "")
+    if cfg is not None and cat.variant_serves(cfg, op, m):
+        return variant, cfg
+    return cat.FALLBACK_VARIANT, cat.VARIANTS[op][cat.FALLBACK_VARIANT]
+
+
+def target_device(arch: str) -> routing.Device:
+    """The GPU precompile and info route for on ``arch``: the visible GPU of that arch, else the
+    device the shipped table was measured on (with that arch), else a 132-SM one."""
+    want = routing_arch(arch)
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            from ..registry import routing_device
+
+            for i in range(torch.cuda.device_count()):
+                dev = routing_device(torch.device("cuda", i))
+                if dev.arch == want:
+                    return dev
+    except Exception:  # noqa: BLE001 - no torch or driver: route for the shipped table's device
+        pass
+    tab = routing.table(want)
+    return routing.Device(tab.device or "unknown", tab.sms or 132, want) if tab else routing.Device("unknown", 132, want)
+
+
+def routing_arch(arch: str) -> str:
+    """``sm_90a`` (a compile target) -> ``sm_90`` (what routing keys on)."""
+    return arch.removesuffix("a").removesuffix("f")
+
+
+def routed_variant(op: str, shape: dict, m: int, device: routing.Device, pdl: bool) -> str | None:
+    """The JIT configuration routing names at this point (tuned, shipped or estimated; the registry
+    binds the same: ``Decision.point.best("jit")``), or None where no source says anything."""
+    dec = routing.lookup(op, shape, m, pdl, device)
+    best = dec.point.best("jit") if dec is not None else None
+    return best[0] if best else None
+
+
+def cache_coverage(arch: str, shapes) -> dict:
+    """``{"arch", "routed", "cached", "missing": [instance labels]}`` for :func:`routed_instances`, or
+    ``{"arch", "error"}`` where no compiler (whose version keys the cache) is usable. Compiles nothing."""
+    from .cache import is_cached
+    from .compiler import CompilerUnavailableError, get_compiler
+
+    try:
+        compiler = get_compiler()
+    except (CompilerUnavailableError, ValueError) as exc:
+        return {"arch": arch, "error": f"cannot check without the compiler whose version keys the cache: {exc}"}
+    pairs = routed_instances(arch, shapes)
+    missing = [inst.label for _, inst in pairs if not is_cached(inst, arch, compiler)]
+    return {"arch": arch, "routed": len(pairs), "cached": len(pairs) - len(missing), "missing": missing}
+
+
+def routed_instances(arch: str, shapes) -> list[tuple[str, KernelInstance]]:
+    """``(op, instance)`` for every instance the JIT backend can launch on ``arch`` for ``shapes``
+    (``models.Shape``s) at M = 1..MAX_M, in both launch contexts."""
+    device = target_device(arch)
+    out: list[tuple[str, KernelInstance]] = []
+    for shape in shapes:
+        for m in range(1, cat.MAX_M + 1):
+            for pdl in (True, False):
+                _, cfg = config_for(shape.op, m, routed_variant(shape.op, shape.key(), m, device, pdl))
+                pair = (shape.op, cfg.instance(shape.op, m, shape.out, (shape.n, shape.k)))
+                if pair not in out:
+                    out.append(pair)
+    return out
