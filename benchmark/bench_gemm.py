@@ -146,7 +146,7 @@ def install_table(data: dict, table_path: Path | None) -> None:
 
 
 def report_dict(report) -> dict:
-    return asdict(report)
+    return asdict(report) | {"notes": [H.scrub(n) for n in report.notes]}
 
 
 def print_tables(data: dict) -> None:

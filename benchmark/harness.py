@@ -89,6 +89,16 @@ class Report:
             json.dump(asdict(self), f, indent=1)
 
 
+_ABSOLUTE = __import__("re").compile(r"(?:/[\w.+-]+)+/([\w.+-]+)")
+
+
+def scrub(text: str, limit: int = 400) -> str:
+    """A note as committed: absolute paths (of the machine that ran it) reduced to their last
+    component, and cut at ``limit`` characters (a compiler's whole log is not a note)."""
+    text = _ABSOLUTE.sub(lambda m: m.group(1), text)
+    return text if len(text) <= limit else text[:limit] + " ..."
+
+
 def command_line() -> str:
     """This process's command as a user would type it: ``python3 benchmark/<script> ...`` with any
     absolute path reduced to its last component (a path of the machine that ran it means nothing
