@@ -23,12 +23,10 @@ from cold_start import T0_ENV, ms_list
 
 
 def shapes() -> list[tuple[str, dict]]:
-    from bench_gemm import FUSED_N, K
+    """DeepSeek-V3's shapes (slim_kernel/models.py), as (op, routing shape key)."""
+    from slim_kernel.models import model_shapes
 
-    from slim_kernel.names import FUSED_A, ROUTER
-
-    return [(ROUTER, {"e": 256, "k": K, "out": "float32"}), (ROUTER, {"e": 256, "k": K, "out": "bfloat16"}),
-            (FUSED_A, {"n": FUSED_N, "k": K})]
+    return [(s.op, s.key()) for s in model_shapes("deepseek-v3")]
 
 
 def routed_calls(device, ms: list[int]) -> list[dict]:

@@ -42,7 +42,8 @@ warm_pids=()
 while read -r step; do
   python3 benchmark/warm_flashinfer.py "$step" >>/tmp/warm.log 2>&1 & warm_pids+=($!)
 done < <(python3 benchmark/warm_flashinfer.py --list 2>/dev/null | grep -v unavailable)
-(cd benchmark && python3 -c "from anchors import warm_all; warm_all('$SGL' or None)") >>/tmp/warm.log 2>&1 & warm_pids+=($!)
+(cd benchmark && PYTHONPATH=../python${PYTHONPATH:+:$PYTHONPATH} python3 -c "from anchors import warm_all; warm_all('$SGL' or None)") \
+    >>/tmp/warm.log 2>&1 & warm_pids+=($!)
 
 stamp "installing slim-kernel"
 python3 -m pip install -q --no-build-isolation --no-deps . 2>&1 | tail -5
@@ -54,13 +55,14 @@ stamp "smoke test of every JIT configuration (one process each)"
 python3 benchmark/smoke_kernels.py 2>&1 | tee -a "$LOG" | grep -v "^smoke OK"
 if [[ " $STAGES " == *" tests "* ]]; then
   # The kernel matrix runs in its own process: a kernel that traps poisons its CUDA context.
+  n=0
   for part in "tests --ignore=tests/test_kernels_gpu.py" "tests/test_kernels_gpu.py"; do
     stamp "pytest -m gpu $part"
+    n=$((n + 1))  # straight into $OUT: a run stopped at its time limit still brings the log back
     python3 -m pytest $part -m gpu ${TEST_K:+-k "$TEST_K"} -q -p no:cacheprovider --maxfail=50 -o addopts="" -rfEs \
-        >/tmp/pytest_gpu.log 2>&1
-    cat /tmp/pytest_gpu.log >>"$LOG"
-    grep -E "^(FAILED|ERROR)" /tmp/pytest_gpu.log | head -12
-    summary+=("pytest -m gpu $part: $(tail -1 /tmp/pytest_gpu.log)")
+        >"$OUT/pytest_gpu_$n.log" 2>&1
+    grep -E "^(FAILED|ERROR)" "$OUT/pytest_gpu_$n.log" | head -12
+    summary+=("pytest -m gpu $part: $(tail -1 "$OUT/pytest_gpu_$n.log")")
   done
   stamp "pytest done"
 fi

@@ -28,7 +28,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "python"))
 
 from bench_audit import find_cuobjdump  # noqa: E402 (on PATH, else the nvidia-cuda-cuobjdump wheel's)
 
-from slim_kernel.audit.demangle import demangle_all  # noqa: E402
+from slim_kernel.audit.demangle import demangle  # noqa: E402
 from slim_kernel.jit import cache  # noqa: E402
 from slim_kernel.jit import catalogue as cat  # noqa: E402
 
@@ -117,7 +117,7 @@ def main(argv=None) -> int:
     for binary in args.extra:
         functions = sass_functions(binary)
         usage = register_usage(binary)
-        names = demangle_all(functions)
+        names = {f: demangle(f) for f in functions}
         for name, ops in sorted(functions.items(), key=lambda kv: names[kv[0]]):
             regs, local = usage.get(name, ("?", "?"))
             rows.append(row(names[name][:100], regs, local, ops))

@@ -85,6 +85,7 @@ def test_the_jit_backend_declines_only_when_asked_to(monkeypatch, mode, error):
         raise cache.CacheMissError(f"{instance.label} is not in the cache")
 
     monkeypatch.setattr("slim_kernel.jit.get_kernel", miss)
+    monkeypatch.setattr(jb.devices, "index", lambda device: 0)  # CPU stand-ins for a call on cuda:0
     with pytest.raises(error, match="dsv3_router_gemm_kernel.* is not in the cache"):
         jb.prepare_router(_router_call(), "narrow_r2kc", True)
 
@@ -195,7 +196,7 @@ def test_precompile_for_a_model_fills_exactly_the_routed_instances(stub_compiles
     assert cli.main(["precompile", "--arch", "9.0a", "--model", "kimi-k2", "-j", "1"]) == 0
     routed_set = routed.routed_instances("sm_90a", models.model_shapes("kimi-k2"))
     out = capsys.readouterr().out
-    assert out.startswith(f"precompile: {len(routed_set)} of {len(routed_set)} verified") and "routed for e=384" in out
+    assert out.startswith(f"precompile: {len(routed_set)} of {len(routed_set)} verified") and "routed for router E=384 K=7168 float32" in out
     assert stub_compiles["n"] == len(routed_set) == sum(cache.cached_counts().values()) - 1  # + the stub's own
     assert all(cache.is_cached(inst, "sm_90a") for _, inst in routed_set)
     cov = routed.cache_coverage("sm_90a", models.model_shapes("kimi-k2"))
