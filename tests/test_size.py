@@ -155,12 +155,13 @@ def test_budget_exit_codes(tmp_path, capsys):
     assert "--budget" in capsys.readouterr().err
 
 
-def test_size_refuses_hostile_and_unreadable(tmp_path, capsys):
-    bomb = tmp_path / "bomb.whl"
-    with zipfile.ZipFile(bomb, "w", zipfile.ZIP_DEFLATED) as zf:
+def test_size_reads_compressible_data_and_refuses_the_unreadable(tmp_path, capsys):
+    # a highly compressible member is data, not a bomb: the streaming read's time and byte budget bound it
+    zeros = tmp_path / "zeros.whl"
+    with zipfile.ZipFile(zeros, "w", zipfile.ZIP_DEFLATED) as zf:
         zf.writestr("pkg/zeros.bin", b"\0" * (64 << 20))
-    assert main(["size", str(bomb), "--no-progress"]) == 2
-    assert "zip bomb" in capsys.readouterr().err
+    assert main(["size", str(zeros), "--no-progress"]) == 0
+    capsys.readouterr()
     ok = make_wheel(tmp_path / "ok.whl", {"pkg/a.py": b"x = 1\n"})
     assert main(["size", str(ok), "--baseline", str(tmp_path / "missing.whl"), "--no-progress"]) == 2
     assert "not found" in capsys.readouterr().err
