@@ -26,7 +26,7 @@ def table():
 
 
 MEASURED_MS = set(range(1, 17)) | {17, 20, 24, 28, 32, 40, 48, 56, 64}  # what benchmark/bench_gemm.py measures
-MEASURED_VERSIONS = {"0.7.4"}  # flashinfer versions the shipped table has (benchmark/make_routing.py RESULTS)
+MEASURED_VERSIONS = {"0.7.2.post1", "0.7.4"}  # flashinfer versions the shipped table has (benchmark/make_routing.py RESULTS)
 
 
 def test_every_model_shape_is_measured_at_every_m_both_contexts_and_versions(table):
