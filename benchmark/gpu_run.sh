@@ -2,7 +2,7 @@
 # One command on a GPU machine: install the project (and a folder of wheels, if given), run the GPU
 # tests and the benchmarks, leave logs + JSON + PNG in $OUT (default /tmp/slim_out), print a summary last.
 #
-#   bash benchmark/gpu_run.sh WHEELS [STAGE ...]      stages: tests bench tune cold ncu aot (default: tests bench)
+#   bash benchmark/gpu_run.sh WHEELS [STAGE ...]      stages: tests bench eager tune cold ncu aot (default: tests bench)
 #
 # WHEELS: a folder of wheels to install first into a private site dir (for a machine without a
 # package index: flashinfer-python, apache-tvm-ffi, ... fetched elsewhere with `pip download`), or
@@ -70,6 +70,10 @@ if [[ " $STAGES " == *" bench "* ]]; then
   stamp "bench_gemm (decode step: every model's shapes, candidates and anchors)"
   python3 benchmark/bench_gemm.py --json "$OUT/bench_gemm.json" --png "$OUT/bench_gemm.png" \
       --table "$OUT/routing_sm90.json" ${SGL:+--sglang "$SGL"} ${BENCH_ARGS:-} 2>&1 | tee -a "$LOG" | tail -150
+fi
+if [[ " $STAGES " == *" eager "* ]]; then
+  stamp "bench_eager (bmm_fp8 host cost)"
+  python3 benchmark/bench_eager.py --json "$OUT/bench_eager.json" --png "$OUT/bench_eager.png" 2>&1 | tee -a "$LOG" | tail -30
 fi
 if [[ " $STAGES " == *" tune "* ]]; then
   stamp "slim-kernel tune ${TUNE_ARGS:---model kimi-k3} (into a fresh cache dir)"

@@ -20,9 +20,6 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 OUTSIDE = re.compile(r"\.\./shared|\.anchors/|(?<![\w.~-])/(?:root|work|mnt|scratch)/|(?<![\w.~-])/(?:home|Users)/\w")
-# Issue 28 leaves these to the lead (benchmark commands and results, the routing table's `sources`):
-# checked by the xfail test below until they are clean; then drop them from here.
-PENDING = ("benchmark/", "python/slim_kernel/tables/")
 
 
 def _tracked() -> list[str]:
@@ -57,11 +54,5 @@ def test_the_pattern_flags_what_it_should():
 
 
 def test_no_tracked_file_names_an_outside_or_machine_path():
-    hits = _hits([n for n in _tracked() if not n.startswith(PENDING)])
+    hits = _hits(_tracked())
     assert not hits, "paths outside the repository or of one machine:\n" + "\n".join(hits[:40])
-
-
-@pytest.mark.xfail(reason="issue 28: the lead's part (benchmark/, the routing table's sources)", strict=False)
-def test_pending_files_name_no_outside_or_machine_path():
-    hits = _hits([n for n in _tracked() if n.startswith(PENDING)])
-    assert not hits, "\n".join(hits[:40])

@@ -80,6 +80,18 @@ def test_table_file_is_what_make_routing_writes(table):
     assert make_routing.dumps_table(json.loads(text)) == text
 
 
+def test_make_routing_without_arguments_reproduces_the_committed_table_and_summary(tmp_path):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmark"))
+    import make_routing
+
+    table, summary = tmp_path / "table.json", tmp_path / "summary.json"
+    assert make_routing.main(["--table", str(table), "--summary", str(summary)]) == 0
+    assert table.read_bytes() == make_routing.TABLE.read_bytes()
+    assert summary.read_bytes() == make_routing.SUMMARY.read_bytes()
+    sources = json.loads(table.read_text())["sources"]
+    assert set(sources) == MEASURED_VERSIONS and all(c.startswith("python3 benchmark/bench_gemm.py") for c in sources.values())
+
+
 def test_make_routing_merges_runs_of_one_version_point_by_point():
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmark"))
     import make_routing
