@@ -68,6 +68,12 @@ def test_tune_cli_refuses_bad_arguments_and_a_missing_gpu():
     if not torch.cuda.is_available():
         proc = run("--model", "glm-5")
         assert proc.returncode == 2 and "needs a CUDA GPU" in proc.stderr
+        pre = subprocess.run([sys.executable, "-m", "slim_kernel", "precompile", "--tune", "--model", "glm-5",
+                              "--arch", "9.0a"], capture_output=True, text=True, timeout=120)
+        assert pre.returncode == 2 and "needs a CUDA GPU" in pre.stderr
+    pre = subprocess.run([sys.executable, "-m", "slim_kernel", "precompile", "--tune", "--arch", "9.0a"],
+                         capture_output=True, text=True, timeout=120)
+    assert pre.returncode == 2 and "--tune needs the shapes" in pre.stderr
 
 
 def test_tuned_table_is_written_atomically_merged_and_preferred(tuned_cache):

@@ -31,6 +31,7 @@ from .spec import KernelInstance
 
 # The shipped kernels use SM 9.0 PTX (griddepcontrol for PDL, ...); the op specs say min_sm=(9, 0).
 MIN_SM = 90
+TUNE_MS = "1-16,17,20,24,28,32,40,48,56,64"  # what the shipped table measures
 
 
 def add_arguments(parser) -> None:
@@ -46,6 +47,10 @@ def add_arguments(parser) -> None:
                         help="parallel compiles (default: the number of cores)")
     parser.add_argument("--no-progress", action="store_true",
                         help="no progress bar (it is only shown when stderr is a terminal anyway)")
+    parser.add_argument("--tune", action="store_true",
+                        help="first measure the shapes on this GPU (`slim-kernel tune`; needs the GPU the image "
+                             "will serve on), then compile what that table routes")
+    parser.add_argument("--tune-ms", default=TUNE_MS, help=f"M values --tune measures (default {TUNE_MS})")
 
 
 def catalogue() -> list[tuple[str, KernelInstance]]:
@@ -154,11 +159,25 @@ def compile_all(todo: list, compiler: str, jobs: int, bar=None) -> dict:
     return results
 
 
+def _tune(shapes, ms_text: str) -> None:
+    """`slim-kernel tune` of ``shapes`` on this GPU (RuntimeError/ValueError saying why it cannot)."""
+    if not shapes:
+        raise ValueError("--tune needs the shapes to measure (--model, --router or --fused-a)")
+    from .. import tune
+
+    path, data, notes = tune.tune(shapes, tune.parse_ms(ms_text), progress=True)
+    for note in notes:
+        print(f"note: {note}", file=sys.stderr)
+    print(f"tune: {len(data['entries'])} points in {path}")
+
+
 def run(args) -> int:
     if args.cache_dir:
         os.environ[ENV_CACHE_DIR] = args.cache_dir  # inherited by the worker processes
     try:
         shapes = shapes_from_args(args)
+        if args.tune:
+            _tune(shapes, args.tune_ms)  # its table decides what the routing picks below
         archs = list(dict.fromkeys(supported_arch(a) for a in (args.arch or _default_archs())))
         jobs = [(inst, arch) for arch in archs for inst in instances_for(arch, args.ops, shapes)]
         compiler = get_compiler(args.compiler)
