@@ -117,16 +117,18 @@ class Table:
     def shapes(self, op: str) -> list[dict]:
         return [dict(s) for s in dict.fromkeys(p.shape for p in self.points if p.op == op)]
 
-    def lookup(self, op: str, shape: dict, m: int, flashinfer: str | None, pdl: bool) -> Decision | None:
+    def lookup(self, op: str, shape: dict, m: int, flashinfer: str | None, pdl: bool,
+               inside: bool = False) -> Decision | None:
         """The measured point of this shape: the installed flashinfer version or the nearest one
-        measured, the nearest M within M_REACH; None when the shape was not measured."""
+        measured, the nearest M within M_REACH (``inside``: and M within the measured ones' range);
+        None when the shape was not measured."""
         shape_t = _shape_items(shape)
         for version in self.versions_by_distance(flashinfer):
             ms = self._ms.get((op, shape_t, version, pdl))
             if not ms:
                 continue
             near = min(ms, key=lambda x: (abs(x - m), x))
-            if abs(near - m) > M_REACH:
+            if abs(near - m) > M_REACH or (inside and not min(ms) <= m <= max(ms)):
                 continue
             notes = [] if version == flashinfer else [f"flashinfer {flashinfer or 'not installed'}: "
                                                       f"using the {version} measurements"]
@@ -234,8 +236,8 @@ def lookup(op: str, shape: dict, m: int, pdl: bool, device: Device) -> Decision 
     """The decision for one call (see the module docstring for the order of the sources)."""
     version = flashinfer_version()
     tuned = tuned_table(device, version)
-    if tuned is not None:
-        dec = tuned.lookup(op, shape, m, version, pdl)
+    if tuned is not None:  # what it measured, not past the M range it measured (the shipped table may have those)
+        dec = tuned.lookup(op, shape, m, version, pdl, inside=True)
         if dec is not None and dec.point.flashinfer == (version or "not installed"):
             return dec
     shipped = table(device.arch)
