@@ -96,6 +96,20 @@ def test_bad_crc_and_short_data(tmp_path, capsys, inflater):
     refused(capsys, stored, "pkg/a.py", "stored member")
 
 
+@pytest.mark.parametrize("step", [4097, 100_003, 1 << 20])
+def test_deflated_member_read_in_any_steps(tmp_path, inflater, step):
+    """After its last input the inflater may still hold output (a long run of zeros ends in a
+    long match): that is not "data ends before the declared size", whatever the read size."""
+    data = bytes(3 << 20) + b"tail"
+    wheel = make_wheel(tmp_path / "z.whl", {"pkg/zeros.bin": data})
+    with WheelArchive(wheel) as archive:
+        (member,) = [m for m in archive.members if m.name == "pkg/zeros.bin"]
+        stream, out = archive.open(member), bytearray()
+        while len(out) < len(data):
+            out += stream.read(step)
+        assert out == data
+
+
 def test_inflaters_agree(tmp_path, monkeypatch, capsys):
     if wheel_mod._fast_inflater() is None:
         pytest.skip("isal not installed")

@@ -260,8 +260,8 @@ def _scan_elf_tables(elf: ElfFile, store: SpanStore, col: _Collector, ctx: ScanC
     spans = [(0, elf.size)] if not elf.sections else _merged(data_sections(elf))
     covered, seen = -1, set()
     for off, n in spans:
-        for base, data, lo, hi in context_windows(store.pieces(off, n), RUN_LIMIT):
-            stats["data_bytes"] += hi - lo
+        stats["data_bytes"] += store.retained(off, n)
+        for base, data, lo, hi in context_windows(store.pieces(off, n, zeros=False), RUN_LIMIT):
             for end, text in _strings_with_hits(data, lo, hi, max(covered - base, lo), ctx.rules):
                 ctx.budget.count(ctx.limits, col.scan.member, 1 + len(text) // 64)
                 covered = base + end
@@ -320,7 +320,7 @@ def _scan_ar(src: Pull, col: _Collector, ctx: ScanContext, label: str) -> None:
             what = f"{label}({name.rstrip(b'/').decode('latin-1')[:256]})"
             sub = Pull(SubReader(src, size), size, what, budget=ctx.budget)
             sub.fill(4)
-            if bytes(sub.buf[:4]) == ELF_MAGIC:
+            if sub.peek(4) == ELF_MAGIC:
                 _scan_host_elf(sub, col, ctx, sub.what)
             else:
                 for _ in device_split(sub, col, _data_file_layers, strict=False):
@@ -372,7 +372,7 @@ def scan_member(
 ) -> MemberScan:
     src = Pull(stream, unpacked, name, on_progress, ctx.budget)
     src.fill(SNIFF)
-    kind = classify(name, bytes(src.buf[:SNIFF]))
+    kind = classify(name, src.peek(SNIFF))
     scan = MemberScan(name, kind, unpacked, compressed)
     col = _Collector(scan, ctx)
     if kind == "elf":
