@@ -5,6 +5,7 @@ rest on (windows, the hit finder, hit strings), checked against brute force."""
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import stat
@@ -21,7 +22,7 @@ import slim_kernel
 from slim_kernel.audit.elf import ElfFile, HitStrings
 from slim_kernel.audit.limits import Limits
 from slim_kernel.audit.rules import Rules
-from slim_kernel.audit.stream import context_windows
+from slim_kernel.audit.stream import Pull, context_windows
 
 MiB = 1 << 20
 # The target is 5 s on a 2-core machine; shared CI runners get headroom (the unbounded readers
@@ -123,6 +124,38 @@ def test_context_windows_cover_each_offset_once_with_context(raw, overlap):
             # `overlap` bytes of context either side, or all there is up to the run's ends
             assert base <= max(start, a - overlap) and min(end, a + overlap) <= base + len(data)
     assert sorted(seen) == sorted(truth) and len(seen) == len(set(seen))
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.binary(max_size=3000),
+    st.lists(st.tuples(st.sampled_from(["take", "skip", "find", "peek"]), st.integers(0, 700)), max_size=30),
+)
+def test_pull_reads_like_the_bytes(data, ops):
+    """`Pull` (one reused buffer, refilled and compacted, takes over CHUNK joined from pieces)
+    hands out exactly the stream's bytes, whatever the sequence of calls."""
+    from slim_kernel.audit import stream
+
+    saved = stream.CHUNK
+    stream.CHUNK = 256  # small refills: compaction and the large-take path run on small data
+    try:
+        src, at = Pull(io.BytesIO(data), len(data), "m"), 0
+        for op, n in ops:
+            n = min(n, len(data) - at)
+            if op in ("find", "peek"):
+                have = src.fill(n)
+                assert have >= n and src.peek(n) == data[at : at + n]
+                needle = data[at + n // 2 : at + n // 2 + 3]
+                if needle:
+                    assert src.find(needle) == data.find(needle, at, at + have) - at
+                continue
+            out = src.take(n) if op == "take" else src.skip(n)
+            assert out is None or out == data[at : at + n]
+            at += n
+            assert src.pos == at and src.remaining == len(data) - at
+        assert b"".join(d for _, d in src.pieces()) == data[at:]
+    finally:
+        stream.CHUNK = saved
 
 
 words = st.sampled_from([b"\0", b"a", b"_", b"bmm_fp8", b"dsv3_", b"dsv3", b"mm_fp8"])

@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 import zipfile
+import zlib
 from pathlib import Path
 
 import pytest
@@ -108,6 +109,30 @@ def test_deflated_member_read_in_any_steps(tmp_path, inflater, step):
         while len(out) < len(data):
             out += stream.read(step)
         assert out == data
+
+
+def test_holes_of_a_sparse_wheel_are_zeros(tmp_path):
+    """A stored member over a hole of a sparse wheel file: the hole is returned as zeros
+    without being read (SEEK_DATA), the data around it as written, and the CRC-32 holds."""
+    from audit_fixtures.crafted import _central_entry, _end_of_central, _local_header
+
+    head, tail, hole = os.urandom(5000), os.urandom(7000), 3 << 20
+    data = head + bytes(hole) + tail
+    local = _local_header(b"pkg/data.bin", 0, zlib.crc32(data), len(data), len(data))
+    path = tmp_path / "sparse.whl"
+    with open(path, "wb") as f:
+        f.write(local + head)
+        f.seek(len(local) + len(head) + hole)  # never written: a hole where the file system has them
+        f.write(tail)
+        cd = _central_entry(b"pkg/data.bin", 0, zlib.crc32(data), len(data), len(data), 0)
+        f.write(cd + _end_of_central(1, len(cd), len(local) + len(data)))
+    with WheelArchive(path) as archive:
+        stream, buf, out = archive.open(archive.members[0]), bytearray(2 << 20), bytearray()
+        while len(out) < len(data):
+            n = stream.readinto(buf)
+            out += buf[:n]
+    assert out == data
+    assert main(["audit", "--json", "--no-progress", str(path)]) == 0
 
 
 def test_inflaters_agree(tmp_path, monkeypatch, capsys):

@@ -31,10 +31,8 @@ def device_split(src, col, layers, strict: bool):
     found into `col`. `layers(kind)`: (layer for translation units, layer for names) of code of
     that kind (`"cubin"` for a raw cubin, `"fatbin-cubin"`/`"fatbin-ptx"` for entries)."""
     stats = col.scan.stats
-    while True:
+    while src.remaining:
         avail = src.fill(CHUNK)
-        if avail == 0:
-            return
         i, kind = _next_magic(src)
         more = src.remaining > avail
         if i < 0 or (more and i + LOOKAHEAD > avail):  # none, or too near the buffer's end to check

@@ -12,6 +12,7 @@ Every read checks the wheel's `Budget` (its wall-clock deadline).
 
 from __future__ import annotations
 
+import functools
 import io
 import os
 import shutil
@@ -19,7 +20,7 @@ import tempfile
 from bisect import bisect_right
 
 from .limits import Budget, MalformedBinaryError
-from .wheel import read_member
+from .wheel import ZEROS, read_member
 
 CHUNK = 8 << 20  # bytes pulled from a member stream at a time
 WINDOW = 1 << 20  # bytes handed to a scanner at a time
@@ -132,23 +133,25 @@ class Pull:
             yield at, self.take(min(WINDOW, end - at))
 
 
-_ZEROS = bytes(WINDOW)
-
-
 def is_zero(data) -> bool:
     """Whether every byte of `data` is zero (compared with a shared zero block: no allocation)."""
     with memoryview(data) as view:
-        return all(_ZEROS.startswith(view[at : at + WINDOW]) for at in range(0, len(view), WINDOW))
+        return all(ZEROS.startswith(view[at : at + len(ZEROS)]) for at in range(0, len(view), len(ZEROS)))
 
 
 def find_rare(buf, sub: bytes, start: int, end: int) -> int:
     """`buf.find(sub, start, end)`, answered at once (memchr, ~50x faster than a 4-byte find)
     where the window lacks the first byte of `sub` that text and zero runs lack (a control or
     non-ASCII byte: the device magics have one)."""
-    gate = next((b for b in sub if b > 0x7E or 0 < b < 0x20), None)
-    if gate is not None and buf.find(gate, start, end) < 0:
+    gate = _gate(sub)
+    if gate >= 0 and buf.find(gate, start, end) < 0:
         return -1
     return buf.find(sub, start, end)
+
+
+@functools.cache
+def _gate(sub: bytes) -> int:
+    return next((b for b in sub if b > 0x7E or 0 < b < 0x20), -1)
 
 
 class SubReader(io.RawIOBase):

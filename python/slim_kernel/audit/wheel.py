@@ -20,7 +20,7 @@ import os
 import stat
 import struct
 import zlib
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from .limits import AuditInputError, HostileArchiveError, Limits
 
@@ -33,8 +33,7 @@ _EOCD64 = struct.Struct("<4sQHHIIQQQQ")  # zip64 end of central directory (56 by
 _CD_READ = 1 << 20
 
 
-@dataclass(frozen=True)
-class Member:
+class Member(NamedTuple):  # a tuple: a wheel may have 100,000 of them
     name: str
     compressed: int
     unpacked: int
@@ -50,7 +49,7 @@ def check_name(name: str) -> None:
     norm = name.replace("\\", "/")
     if norm.startswith("/") or (len(norm) > 1 and norm[1] == ":"):
         raise HostileArchiveError(f"absolute member path refused: {name!r}")
-    if any(part == ".." for part in norm.split("/")):
+    if ".." in norm and ".." in norm.split("/"):
         raise HostileArchiveError(f"path traversal in member name refused: {name!r}")
 
 
@@ -194,7 +193,7 @@ class WheelArchive:
             if m.offset + _LOCAL.size + m.compressed > bound:
                 other = "the central directory" if b is None else repr(members[b].name)
                 raise HostileArchiveError(f"members {m.name!r} and {other} overlap (zip bomb?)")
-            out[a] = Member(m.name, m.compressed, m.unpacked, m.offset, m.crc, m.method, bound)
+            out[a] = m._replace(bound=bound)
         return out
 
     def open(self, member: Member) -> MemberStream:
@@ -250,6 +249,30 @@ def open_regular(path: str):
         kind = next((name for test, name in _FILE_KINDS if test(mode)), "not a regular file")
         raise AuditInputError(f"wheel path is {kind}, expected a regular .whl file: {path}")
     return os.fdopen(fd, "rb")  # O_NONBLOCK has no effect on regular files
+
+
+ZEROS = bytes(1 << 20)  # a shared block of zeros (never written: no memory of its own)
+_ZERO_VIEW = memoryview(ZEROS)
+HOLE_CHECK = 1 << 20  # reads of at least this many stored bytes ask the file system for holes
+_SEEK_DATA = getattr(os, "SEEK_DATA", None)
+
+
+def _hole(f, at: int, n: int) -> int:
+    """How many bytes from `at` (at most `n`) of the file `f` lie in a hole (a sparse file:
+    zeros no disk block holds, which reading would fill into the page cache); 0 where the file
+    system cannot tell. The file's offset is restored (`f` may be buffered)."""
+    if _SEEK_DATA is None or n < HOLE_CHECK:
+        return 0
+    try:
+        fd = f.fileno()
+        keep = os.lseek(fd, 0, os.SEEK_CUR)
+        try:
+            data = os.lseek(fd, at, _SEEK_DATA)
+        finally:
+            os.lseek(fd, keep, os.SEEK_SET)
+    except (OSError, ValueError, AttributeError, io.UnsupportedOperation):  # ENXIO at the end, no fd
+        return 0
+    return min(max(data - at, 0), n)
 
 
 def read_member(f, into: memoryview, name: str) -> int:
@@ -372,16 +395,22 @@ class MemberStream(io.RawIOBase):
         return CorruptMember(f"member {self._name!r}: {why}")
 
     def readinto(self, b) -> int:
-        """Stored data goes straight from the archive into `b` (no copy in between)."""
+        """Stored data goes straight from the archive into `b` (no copy in between); where
+        the archive file has a hole (a sparse file), zeros are written without reading it."""
         if self._d is not None:
             data = self.read(len(b))
             b[: len(data)] = data
             return len(data)
-        n = min(len(b), self._out_left)
+        hole = _hole(self._f, self._at, min(len(b), self._out_left))
+        n = hole or min(len(b), self._out_left)
         with memoryview(b) as view, view[:n] as into:
-            self._f.seek(self._at)
-            if self._f.readinto(into) != n:
-                raise self._corrupt("archive truncated")
+            if hole:
+                for at in range(0, n, len(ZEROS)):
+                    into[at : at + len(ZEROS)] = _ZERO_VIEW[: n - at]
+            else:
+                self._f.seek(self._at)
+                if self._f.readinto(into) != n:
+                    raise self._corrupt("archive truncated")
             self._at += n
             self._in_left -= n
             self._account(into)
