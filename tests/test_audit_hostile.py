@@ -33,13 +33,13 @@ PACKAGE_ROOT = str(Path(slim_kernel.__file__).resolve().parents[1])
 
 
 def refused(capsys, wheel, *needles: str) -> dict:
-    start = time.perf_counter()
+    start = time.process_time()  # CPU, not wall time: CI is a loaded machine
     rc = main(["audit", "--json", "--no-progress", str(wheel)])
     doc = json.loads(capsys.readouterr().out)
     assert doc["schema"] == 1 and len(doc["wheels"]) == 1, doc
     out = doc["wheels"][0]
     assert rc == 2, out
-    assert time.perf_counter() - start < 10
+    assert time.process_time() - start < 10
     for needle in needles:
         assert needle in out["error"], out["error"]
     return out

@@ -82,7 +82,8 @@ def _next_magic(src) -> tuple[int, str]:
     """The first fatbin header or cubin ELF header buffered in `src` (a `stream.Pull`):
     (offset from its position, "fatbin"|"cubin"), or -1."""
     fat = fatbin.find_container(src)
-    end = fat if fat >= 0 else src.buffered  # only before it: back-to-back headers must not rescan the buffer each
+    # only before it: back-to-back headers must not rescan the buffer each
+    end = fat if fat >= 0 else src.buffered
     at = src.find(ELF_MAGIC, 0, end)
     while at >= 0:
         if src.peek(2, at + 18) == _EM_CUDA or src.buffered - at < 20:
