@@ -395,24 +395,28 @@ class MemberStream(io.RawIOBase):
         return CorruptMember(f"member {self._name!r}: {why}")
 
     def readinto(self, b) -> int:
-        """Stored data goes straight from the archive into `b` (no copy in between); where
-        the archive file has a hole (a sparse file), zeros are written without reading it."""
-        if self._d is not None:
-            data = self.read(len(b))
-            b[: len(data)] = data
-            return len(data)
-        hole = _hole(self._f, self._at, min(len(b), self._out_left))
-        n = hole or min(len(b), self._out_left)
+        """Stored data goes straight from the archive into `b` (where the archive file has a
+        hole, a sparse file, zeros are written without reading it); decompressed data is
+        copied in piece by piece, never joined first."""
+        n = min(len(b), self._out_left)
+        hole = _hole(self._f, self._at, n) if self._d is None else 0
+        n = hole or n
         with memoryview(b) as view, view[:n] as into:
-            if hole:
+            if self._d is not None:
+                got = 0
+                while got < n:
+                    out = self._inflate(n - got)
+                    into[got : got + len(out)] = out
+                    got += len(out)
+            elif hole:
                 for at in range(0, n, len(ZEROS)):
                     into[at : at + len(ZEROS)] = _ZERO_VIEW[: n - at]
+                self._at, self._in_left = self._at + n, self._in_left - n
             else:
                 self._f.seek(self._at)
                 if self._f.readinto(into) != n:
                     raise self._corrupt("archive truncated")
-            self._at += n
-            self._in_left -= n
+                self._at, self._in_left = self._at + n, self._in_left - n
             self._account(into)
         return n
 
@@ -424,17 +428,23 @@ class MemberStream(io.RawIOBase):
             return self._account(self._raw(n))
         parts, got = [], 0
         while got < n:
+            parts.append(self._inflate(n - got))
+            got += len(parts[-1])
+        return self._account(b"".join(parts))
+
+    def _inflate(self, n: int) -> bytes:
+        """One decompression step: 1 to `n` bytes of output."""
+        while True:
             if not self._tail and self._d.wants_input() and self._in_left:
                 self._tail = self._raw(min(self.IN_CHUNK, self._in_left))
             # with no input left the decompressor may still hold output (a long match)
-            out, self._tail = self._d.step(self._tail, n - got)
-            if not out and self._d.eof:
+            out, self._tail = self._d.step(self._tail, n)
+            if out:
+                return out
+            if self._d.eof:
                 raise self._corrupt("compressed stream ends before the declared size")
-            if not out and not self._tail and not self._in_left:
+            if not self._tail and not self._in_left:
                 raise self._corrupt("compressed data ends before the declared size")
-            parts.append(out)
-            got += len(out)
-        return self._account(b"".join(parts))
 
     def _account(self, data):
         self._crc = self._crc32(data, self._crc)
