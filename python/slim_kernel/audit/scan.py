@@ -105,7 +105,7 @@ def classify(name: str, head: bytes) -> str:
         return archive
     if name.lower().endswith(".ptx"):
         return "ptx"
-    if routed_kind(name) == "other" and b"\x00" in head:
+    if b"\x00" in head and routed_kind(name) == "other":
         return "binary"
     return "text"  # searched for device code like any file, and its lines reported as routed
 
