@@ -91,7 +91,7 @@ def run_cases(tree: Path, names: list[str], timeout: float, python: str) -> dict
 
 
 def _digest(res: dict) -> str:
-    doc = json.dumps([res["findings"], res["mentions"]], sort_keys=True).encode()
+    doc = json.dumps([res["findings"], res.get("mentions", [])], sort_keys=True).encode()
     return hashlib.sha256(doc).hexdigest()[:16]
 
 
@@ -119,7 +119,7 @@ def run_real(tree: Path, wheels: list[Path], timeout: float, python: str, repeat
                 "runs": [{k: r[k] for k in ("wall_s", "cpu_s", "peak_rss_mib", "load_1m")} for r in meas],
                 "findings": len(res["findings"]) if res else None,
                 "findings_per_layer": layers,
-                "mentions": len(res["mentions"]) if res else None,
+                "mentions": len(res.get("mentions", [])) if res else None,  # none before issue 27
                 "digest": _digest(res) if res else None,
             }
             print(key, rows[key], flush=True)
@@ -158,7 +158,11 @@ def _cell(row: dict | None) -> str:
     if "skipped" in row:
         return f"skipped ({row['skipped']})"
     cell = f"{row['exit']}, {row['ops'] or '-'}, {row['wall_s']}, {row['cpu_s']}, {row['peak_rss_mib']}"
-    return cell + (f" ({row['note'][:70]})" if row.get("note") else "")
+    wrong = "expected_exit" in row and (row["exit"], row["ops"]) != (
+        row["expected_exit"],
+        row["expected_ops"],
+    )
+    return ("✗ " if wrong else "") + cell + (f" ({row['note'][:70]})" if row.get("note") else "")
 
 
 def _real_cell(row: dict | None) -> str:
@@ -183,7 +187,8 @@ def table(out: Path, labels: list[str]) -> str:
         "(a slim image) unless a row says otherwise; wall and CPU seconds and the peak RSS are those "
         "of its process tree. The machine has "
         f"{docs[-1]['cpus']} cores and is shared: wall times grow with the load average (given per "
-        "real-wheel run; per case in the JSON), CPU times are the comparable figure.",
+        "real-wheel run; per case in the JSON), CPU times are the comparable figure. ✗: the exit code or "
+        "the ops are not what the case should give.",
         "",
     ]
     for d in docs:

@@ -28,7 +28,7 @@ WINDOW = 1 << 20  # bytes handed to a scanner at a time
 
 class Pull:
     """A member stream read forward into one reused buffer (`readinto`: no allocation per
-    read, holes of a sparse file are not copied twice). The buffered bytes are looked at with
+    read, stored bytes are not copied on the way). The buffered bytes are looked at with
     `find`/`peek` (offsets relative to `pos`) and consumed with `take`/`skip`/`pieces`."""
 
     def __init__(self, f, size: int, what: str, on_progress=None, budget: Budget | None = None):
