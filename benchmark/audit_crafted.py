@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shlex
 import shutil
 import statistics
 import sys
@@ -127,14 +128,14 @@ def run_real(tree: Path, wheels: list[Path], timeout: float, python: str, repeat
 
 
 def scrub(args: list[str]) -> str:
-    """The command line with no machine paths: repository paths relative, others `<dir>/NAME`."""
+    """The command line with no machine paths: repository paths relative, others `DIR/NAME`."""
     out = []
     for arg in map(str, args):
         path = Path(arg)
         if path.is_absolute():
-            arg = str(path.relative_to(REPO)) if path.is_relative_to(REPO) else f"<dir>/{path.name}"
+            arg = str(path.relative_to(REPO)) if path.is_relative_to(REPO) else f"DIR/{path.name}"
         out.append(arg)
-    return " ".join(["python benchmark/bench_audit.py", *out])
+    return shlex.join(["python", "benchmark/bench_audit.py", *out])
 
 
 def record(out: Path, label: str, describe: str, command: str, cases: dict, real: dict) -> Path:
