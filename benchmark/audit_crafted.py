@@ -25,11 +25,13 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
+from audit_fixtures import GXX, NVCC  # noqa: E402
 from audit_fixtures.bounded import audit_cmd, run_bounded  # noqa: E402
 from audit_fixtures.issue27 import BENCH_ONLY, CASES  # noqa: E402
 
 ADDRESS_SPACE = 16 << 30  # per process: generous, the "before" code of some cases needs GiBs
 NOTE = 160  # characters of a refusal message kept
+TOOLS = {"g++": GXX, "nvcc": NVCC}  # what the fixtures build with, where found
 
 
 def _env(tree: Path, python: str, cxxfilt: bool) -> dict:
@@ -70,10 +72,7 @@ def run_cases(tree: Path, names: list[str], timeout: float, python: str) -> dict
     with tempfile.TemporaryDirectory(prefix="crafted-") as tmp:
         for name in names or cases:
             build, needs, code, ops, _ = cases[name]
-            if any(
-                shutil.which(t) is None and not (t == "nvcc" and Path("/usr/local/bin/nvcc").exists())
-                for t in needs
-            ):
+            if not all(TOOLS[t] for t in needs):
                 rows[name] = {"skipped": f"needs {needs}"}
                 continue
             work = Path(tmp) / name
