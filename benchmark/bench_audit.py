@@ -5,15 +5,18 @@ native library `nm -DC --defined-only`, `strings` and `cuobjdump -symbols` (pip 
 `nvidia-cuda-cuobjdump`), grepping each output for the retired op names.
 
     python benchmark/bench_audit.py [--wheel PATH] [--out benchmark/results/audit]
-    python benchmark/bench_audit.py --crafted [--tree DIR] [--label after] [--case NAME ...]
+    python benchmark/bench_audit.py --crafted [--tree DIR] [--label after] [--describe TEXT]
+        [--case NAME ...] [--real WHEEL ...] [--no-cases] [--repeat N]
+    python benchmark/bench_audit.py --crafted-table LABEL [LABEL ...]
 
 Without --wheel, sgl-kernel 0.3.21 (535 MB, manylinux x86_64 cp310-abi3) is downloaded with
 `pip download` into --download-dir (outside the repository).
 
---crafted: the issue-27 wheels (tests/audit_fixtures/issue27.py), each audited by the package
-in --tree (a `python/` directory: this checkout's by default, or an export of an older commit
-for the "before" column) in a subprocess: exit code, ops found, wall and CPU seconds, peak RSS;
-written to <out>/crafted-<label>.json.
+--crafted: the issue-27 wheels (tests/audit_fixtures/issue27.py) and the --real wheels, each
+audited by the package in --tree (a `python/` directory: this checkout's by default, or an
+export of an older commit for a "before" column) in a subprocess (benchmark/audit_crafted.py):
+exit code, ops found, wall and CPU seconds, peak RSS, load; merged into <out>/crafted-<label>.json.
+--crafted-table: <out>/crafted.md from the crafted-<label>.json of the labels given, in order.
 """
 
 from __future__ import annotations
@@ -215,64 +218,24 @@ def markdown(result: dict) -> str:
     return "\n".join(lines)
 
 
-def run_crafted(tree: Path, names: list[str], timeout: float, python: str) -> dict:
-    sys.path.insert(0, str(REPO / "tests"))
-    from audit_fixtures.bounded import audit_cmd, run_bounded
-    from audit_fixtures.issue27 import BENCH_ONLY, CASES
-
-    cases = {**CASES, **BENCH_ONLY}
-    # no c++filt (nor any binutils) on the audit's PATH: a slim image
-    env = dict(os.environ, PYTHONPATH=str(tree), PATH=os.path.dirname(python))
-    rows = {}
-    with tempfile.TemporaryDirectory(prefix="crafted-") as tmp:
-        for name in names or cases:
-            build, needs, code, ops, _ = cases[name]
-            if any(
-                shutil.which(t) is None and not (t == "nvcc" and Path("/usr/local/bin/nvcc").exists())
-                for t in needs
-            ):
-                rows[name] = {"skipped": f"needs {needs}"}
-                continue
-            work = Path(tmp) / name
-            work.mkdir()
-            wheel = build(work)
-            cmd = [python, *audit_cmd(wheel, "--time-limit", str(timeout))[1:]]
-            run = run_bounded(cmd, timeout=timeout + 30, address_space=16 << 30, env=env)
-            try:
-                res = json.loads(run.stdout)["wheels"][0]
-                found, note = res["ops_found"], res.get("error", "")
-            except (ValueError, KeyError):
-                found, note = None, (run.stderr.strip().splitlines() or ["-"])[-1]
-            rows[name] = {
-                "wheel_bytes": wheel.stat().st_size,
-                "exit": run.rc,
-                "ops": found,
-                "expected_exit": code,
-                "expected_ops": ops,
-                "wall_s": round(run.wall, 2),
-                "cpu_s": round(run.cpu, 2),
-                "peak_rss_mib": round(run.peak_mib),
-                "note": note[:160],
-            }
-            print(name, rows[name], flush=True)
-            shutil.rmtree(work)
-    return rows
-
-
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--crafted", action="store_true", help="measure the issue-27 crafted wheels instead")
     p.add_argument("--tree", type=Path, default=REPO / "python", help="--crafted: the package tree to run")
     p.add_argument("--label", default="after", help="--crafted: name of the result file")
+    p.add_argument("--describe", default="", help="--crafted: the column's title (default: the label)")
     p.add_argument("--case", action="append", default=[], help="--crafted: only these cases")
+    p.add_argument("--no-cases", action="store_true", help="--crafted: only the --real wheels")
+    p.add_argument("--real", action="append", type=Path, default=[], help="--crafted: real wheels to audit")
     p.add_argument("--timeout", type=float, default=60.0, help="--crafted: seconds per case")
     p.add_argument("--python", default=sys.executable, help="--crafted: interpreter that runs the audit")
+    p.add_argument("--crafted-table", nargs="+", metavar="LABEL", help="write <out>/crafted.md")
     p.add_argument("--wheel", type=Path, help=f"wheel to audit (default: download {DEFAULT_SPEC})")
     p.add_argument("--download-dir", type=Path, default=Path(tempfile.gettempdir()) / "wheels")
     p.add_argument("--out", type=Path, default=REPO / "benchmark" / "results" / "audit")
     p.add_argument("--jobs", type=int, default=None)
     p.add_argument("--skip-naive", action="store_true")
-    p.add_argument("--repeat", type=int, default=3, help="slim-kernel audit runs (median reported)")
+    p.add_argument("--repeat", type=int, default=3, help="audit runs of a (real) wheel, median reported")
     p.add_argument(
         "--control",
         action="append",
@@ -281,18 +244,19 @@ def main(argv=None) -> int:
         help=f"wheels that must audit clean (op names only in Python/JIT/METADATA; default {CONTROL_SPEC})",
     )
     args = p.parse_args(argv)
+    command = "python benchmark/bench_audit.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    if args.crafted_table or args.crafted:
+        import audit_crafted  # the fixtures' tree on sys.path: only when needed
+
+        command = audit_crafted.scrub(argv if argv is not None else sys.argv[1:])
+    if args.crafted_table:
+        (args.out / "crafted.md").write_text(audit_crafted.table(args.out, args.crafted_table))
+        return 0
     if args.crafted:
-        rows = run_crafted(args.tree.resolve(), args.case, args.timeout, args.python)
-        args.out.mkdir(parents=True, exist_ok=True)
-        doc = {
-            "command": "python benchmark/bench_audit.py "
-            + " ".join(argv if argv is not None else sys.argv[1:]),
-            "cpus": os.cpu_count(),
-            "load_average": os.getloadavg(),
-            "date": time.strftime("%Y-%m-%d"),
-            "cases": rows,
-        }
-        (args.out / f"crafted-{args.label}.json").write_text(json.dumps(doc, indent=2) + "\n")
+        tree = args.tree.resolve()
+        cases = {} if args.no_cases else audit_crafted.run_cases(tree, args.case, args.timeout, args.python)
+        real = audit_crafted.run_real(tree, args.real, args.timeout, args.python, args.repeat)
+        print("wrote", audit_crafted.record(args.out, args.label, args.describe, command, cases, real))
         return 0
     wheel = args.wheel or download(DEFAULT_SPEC, args.download_dir)
     slim = run_slim(wheel, args.jobs, args.repeat)
@@ -310,7 +274,7 @@ def main(argv=None) -> int:
         (ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name")), ""
     )
     result = {
-        "command": "python benchmark/bench_audit.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "command": command,
         "wheel": wheel.name,
         "wheel_bytes": wheel.stat().st_size,
         "cpus": os.cpu_count(),

@@ -1,10 +1,12 @@
 """Issue 14: every crafted wheel, and a WHEEL that is a device or a FIFO, ends quickly in
-bounded memory with the right exit code. Each runs as a subprocess under RLIMIT_AS; its wall
-time and the peak RSS of its process tree are asserted. Plus the invariants the bounded readers
+bounded memory with the right exit code. Each runs as a subprocess under RLIMIT_AS; the CPU
+time and the peak RSS of its process tree are asserted (not wall time: CI is a loaded 2-core
+machine; a hang is caught by the harness's timeout). Plus the invariants the bounded readers
 rest on (windows, the hit finder, hit strings), checked against brute force."""
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import stat
@@ -21,12 +23,12 @@ import slim_kernel
 from slim_kernel.audit.elf import ElfFile, HitStrings
 from slim_kernel.audit.limits import Limits
 from slim_kernel.audit.rules import Rules
-from slim_kernel.audit.stream import context_windows
+from slim_kernel.audit.stream import Pull, context_windows
 
 MiB = 1 << 20
-# The target is 5 s on a 2-core machine; shared CI runners get headroom (the unbounded readers
+# The target is 5 s on an idle 2-core machine; CPU seconds with headroom (the unbounded readers
 # took 5 s to more than 300 s on these inputs).
-WALL_S = float(os.environ.get("SLIM_KERNEL_BOUNDED_WALL_S", 10))
+CPU_S = float(os.environ.get("SLIM_KERNEL_BOUNDED_CPU_S", 10))
 PEAK = 256 * MiB
 ADDRESS_SPACE = 1 << 30  # per process: a reader that tried to hold its input would fail, not swap
 ENV = dict(os.environ, PYTHONPATH=str(Path(slim_kernel.__file__).resolve().parents[1]))
@@ -36,9 +38,11 @@ def bounded_audit(path, *extra: str):
     run = run_bounded(
         audit_cmd(path, "--time-limit", "60", *extra), timeout=90, address_space=ADDRESS_SPACE, env=ENV
     )
-    print(f"{Path(path).name}: exit {run.rc}, {run.wall:.2f} s, peak RSS {run.peak_mib:.0f} MiB")
+    print(
+        f"{Path(path).name}: exit {run.rc}, {run.wall:.2f} s, {run.cpu:.2f} s CPU, peak RSS {run.peak_mib:.0f} MiB"
+    )
     assert run.rc != "timeout", run.stderr
-    assert run.wall <= WALL_S, f"{run.wall:.1f} s"
+    assert run.cpu <= CPU_S, f"{run.cpu:.1f} s CPU"
     assert run.peak <= PEAK, f"{run.peak_mib:.0f} MiB"
     doc = json.loads(run.stdout)
     assert doc["schema"] == 1 and len(doc["wheels"]) == 1, doc
@@ -84,7 +88,7 @@ def test_fifo_as_wheel_is_refused_without_blocking(tmp_path):
         address_space=ADDRESS_SPACE,
         env=ENV,
     )
-    assert run.rc == 2 and "FIFO" in run.stderr and run.wall <= WALL_S
+    assert run.rc == 2 and "FIFO" in run.stderr  # a blocking open would be rc "timeout"
 
 
 def test_time_limit_is_a_clean_exit_2(tmp_path):
@@ -123,6 +127,38 @@ def test_context_windows_cover_each_offset_once_with_context(raw, overlap):
             # `overlap` bytes of context either side, or all there is up to the run's ends
             assert base <= max(start, a - overlap) and min(end, a + overlap) <= base + len(data)
     assert sorted(seen) == sorted(truth) and len(seen) == len(set(seen))
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.binary(max_size=3000),
+    st.lists(st.tuples(st.sampled_from(["take", "skip", "find", "peek"]), st.integers(0, 700)), max_size=30),
+)
+def test_pull_reads_like_the_bytes(data, ops):
+    """`Pull` (one reused buffer, refilled and compacted, takes over CHUNK joined from pieces)
+    hands out exactly the stream's bytes, whatever the sequence of calls."""
+    from slim_kernel.audit import stream
+
+    saved = stream.CHUNK
+    stream.CHUNK = 256  # small refills: compaction and the large-take path run on small data
+    try:
+        src, at = Pull(io.BytesIO(data), len(data), "m"), 0
+        for op, n in ops:
+            n = min(n, len(data) - at)
+            if op in ("find", "peek"):
+                have = src.fill(n)
+                assert have >= n and src.peek(n) == data[at : at + n]
+                needle = data[at + n // 2 : at + n // 2 + 3]
+                if needle:
+                    assert src.find(needle) == data.find(needle, at, at + have) - at
+                continue
+            out = src.take(n) if op == "take" else src.skip(n)
+            assert out is None or out == data[at : at + n]
+            at += n
+            assert src.pos == at and src.remaining == len(data) - at
+        assert b"".join(d for _, d in src.pieces()) == data[at:]
+    finally:
+        stream.CHUNK = saved
 
 
 words = st.sampled_from([b"\0", b"a", b"_", b"bmm_fp8", b"dsv3_", b"dsv3", b"mm_fp8"])

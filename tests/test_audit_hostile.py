@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 import zipfile
+import zlib
 from pathlib import Path
 
 import pytest
@@ -32,13 +33,13 @@ PACKAGE_ROOT = str(Path(slim_kernel.__file__).resolve().parents[1])
 
 
 def refused(capsys, wheel, *needles: str) -> dict:
-    start = time.perf_counter()
+    start = time.process_time()  # CPU, not wall time: CI is a loaded machine
     rc = main(["audit", "--json", "--no-progress", str(wheel)])
     doc = json.loads(capsys.readouterr().out)
     assert doc["schema"] == 1 and len(doc["wheels"]) == 1, doc
     out = doc["wheels"][0]
     assert rc == 2, out
-    assert time.perf_counter() - start < 10
+    assert time.process_time() - start < 10
     for needle in needles:
         assert needle in out["error"], out["error"]
     return out
@@ -94,6 +95,44 @@ def test_bad_crc_and_short_data(tmp_path, capsys, inflater):
         tmp_path / "stored.whl", "pkg/a.py", b"x = 1\n" * 100, 100_000, zipfile.ZIP_STORED
     )
     refused(capsys, stored, "pkg/a.py", "stored member")
+
+
+@pytest.mark.parametrize("step", [4097, 100_003, 1 << 20])
+def test_deflated_member_read_in_any_steps(tmp_path, inflater, step):
+    """After its last input the inflater may still hold output (a long run of zeros ends in a
+    long match): that is not "data ends before the declared size", whatever the read size."""
+    data = bytes(3 << 20) + b"tail"
+    wheel = make_wheel(tmp_path / "z.whl", {"pkg/zeros.bin": data})
+    with WheelArchive(wheel) as archive:
+        (member,) = [m for m in archive.members if m.name == "pkg/zeros.bin"]
+        stream, out = archive.open(member), bytearray()
+        while len(out) < len(data):
+            out += stream.read(step)
+        assert out == data
+
+
+def test_holes_of_a_sparse_wheel_are_zeros(tmp_path):
+    """A stored member over a hole of a sparse wheel file: the hole is returned as zeros
+    without being read (SEEK_DATA), the data around it as written, and the CRC-32 holds."""
+    from audit_fixtures.crafted import _central_entry, _end_of_central, _local_header
+
+    head, tail, hole = os.urandom(5000), os.urandom(7000), 3 << 20
+    data = head + bytes(hole) + tail
+    local = _local_header(b"pkg/data.bin", 0, zlib.crc32(data), len(data), len(data))
+    path = tmp_path / "sparse.whl"
+    with open(path, "wb") as f:
+        f.write(local + head)
+        f.seek(len(local) + len(head) + hole)  # never written: a hole where the file system has them
+        f.write(tail)
+        cd = _central_entry(b"pkg/data.bin", 0, zlib.crc32(data), len(data), len(data), 0)
+        f.write(cd + _end_of_central(1, len(cd), len(local) + len(data)))
+    with WheelArchive(path) as archive:
+        stream, buf, out = archive.open(archive.members[0]), bytearray(2 << 20), bytearray()
+        while len(out) < len(data):
+            n = stream.readinto(buf)
+            out += buf[:n]
+    assert out == data
+    assert main(["audit", "--json", "--no-progress", str(path)]) == 0
 
 
 def test_inflaters_agree(tmp_path, monkeypatch, capsys):

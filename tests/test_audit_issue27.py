@@ -1,7 +1,8 @@
 """Issue 27: each class of wheel from the red-team pass, built here with g++/nvcc where it needs
 them, audited in a subprocess under RLIMIT_AS: exit code, the ops found (or none), the phrase
 of the refusal or mention, CPU time and peak RSS. CPU time, not wall time, is asserted (CI is
-a loaded 2-core machine); the wall times measured on an idle one are in audit/README.md."""
+a loaded 2-core machine); wall and CPU times measured by benchmark/bench_audit.py --crafted are
+in benchmark/results/audit/crafted.md."""
 
 from __future__ import annotations
 

@@ -17,7 +17,7 @@ from pathlib import Path
 # Runs in the wrapper: the limits apply to the command and every worker it starts.
 _WRAPPER = r"""
 import json, resource, subprocess, sys, time
-cmd, timeout, address_space = json.loads(sys.argv[1])
+cmd, timeout, address_space, keep = json.loads(sys.argv[1])
 def limit():
     resource.setrlimit(resource.RLIMIT_AS, (address_space, address_space))
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
@@ -31,7 +31,7 @@ except subprocess.TimeoutExpired as exc:
 wall = time.perf_counter() - start
 usage = resource.getrusage(resource.RUSAGE_CHILDREN)
 peak, cpu = usage.ru_maxrss * 1024, usage.ru_utime + usage.ru_stime
-print(json.dumps({"rc": rc, "wall": wall, "cpu": cpu, "peak": peak, "stdout": out[-20000:], "stderr": err[-4000:]}))
+print(json.dumps({"rc": rc, "wall": wall, "cpu": cpu, "peak": peak, "stdout": out[-keep:], "stderr": err[-4000:]}))
 """
 
 
@@ -49,8 +49,11 @@ class Run:
         return self.peak / 2**20
 
 
-def run_bounded(cmd: list[str], *, timeout: float, address_space: int, env: dict | None = None) -> Run:
-    arg = json.dumps([cmd, timeout, address_space])
+def run_bounded(
+    cmd: list[str], *, timeout: float, address_space: int, env: dict | None = None, keep_stdout: int = 20_000
+) -> Run:
+    """Run `cmd` under the limits; its stdout is kept up to its last `keep_stdout` characters."""
+    arg = json.dumps([cmd, timeout, address_space, keep_stdout])
     proc = subprocess.run(
         [sys.executable, "-c", _WRAPPER, arg], capture_output=True, text=True, env=env, timeout=timeout + 60
     )

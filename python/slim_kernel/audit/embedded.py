@@ -5,7 +5,8 @@ searched for in every byte of every member, in one forward pass (`device_split`)
 A header is checked before it is trusted: a fatbin header must declare a size that fits and a
 first entry that parses, a cubin header must be a 64-bit little-endian ELF for EM_CUDA whose
 tables fit in the member. In a host library or a shipped fatbin a header that fails the check
-is malformed input (exit 2); anywhere else (a .pyc holding the fatbin magic as a constant, a
+is malformed input (exit 2; a fatbin is then parsed by `fatbin.read_container`, whose error
+says precisely what is wrong); anywhere else (a .pyc holding the fatbin magic as a constant, a
 data file) it is only a mention.
 """
 
@@ -21,6 +22,7 @@ from .stream import CHUNK, SpanStore
 
 CUBIN_HEADER = 64
 LOOKAHEAD = 16 + fatbin.ENTRY_BASE  # bytes a header check reads
+_EM_CUDA = EM_CUDA.to_bytes(2, "little")
 
 
 def device_split(src, col, layers, strict: bool):
@@ -29,11 +31,9 @@ def device_split(src, col, layers, strict: bool):
     found into `col`. `layers(kind)`: (layer for translation units, layer for names) of code of
     that kind (`"cubin"` for a raw cubin, `"fatbin-cubin"`/`"fatbin-ptx"` for entries)."""
     stats = col.scan.stats
-    while True:
+    while src.remaining:
         avail = src.fill(CHUNK)
-        if avail == 0:
-            return
-        i, kind = _next_magic(src.buf)
+        i, kind = _next_magic(src)
         more = src.remaining > avail
         if i < 0 or (more and i + LOOKAHEAD > avail):  # none, or too near the buffer's end to check
             n = i if i >= 0 else avail - LOOKAHEAD if more else avail
@@ -43,7 +43,8 @@ def device_split(src, col, layers, strict: bool):
         if i:
             yield src.pos, src.take(i)
         at = src.pos
-        why = _implausible(kind, src, col.ctx.limits)
+        # strict: a fatbin header is parsed as one, so the container parser says what is wrong
+        why = "" if strict and kind == "fatbin" else _implausible(kind, src, col.ctx.limits)
         if why:
             if strict:
                 raise MalformedBinaryError(f"{src.what}: {kind} header at offset {at}: {why}")
@@ -57,7 +58,7 @@ def device_split(src, col, layers, strict: bool):
             )
         else:
             stats["raw_cubins"] += 1
-            size = cubin_size(src.buf)
+            size = cubin_size(src.peek(CUBIN_HEADER))
             pieces = []  # the cubin's bytes also belong to the section around it
             device_code(
                 col,
@@ -77,15 +78,17 @@ def _tee(pieces, out: list):
         yield data
 
 
-def _next_magic(buf) -> tuple[int, str]:
-    """The first fatbin header or cubin ELF header in `buf`: (index, "fatbin"|"cubin"), or -1."""
-    fat = fatbin.find_container(buf)
-    end = fat if fat >= 0 else len(buf)  # only before it: back-to-back headers must not rescan the buffer each
-    at = buf.find(ELF_MAGIC, 0, end)
+def _next_magic(src) -> tuple[int, str]:
+    """The first fatbin header or cubin ELF header buffered in `src` (a `stream.Pull`):
+    (offset from its position, "fatbin"|"cubin"), or -1."""
+    fat = fatbin.find_container(src)
+    # only before it: back-to-back headers must not rescan the buffer each
+    end = fat if fat >= 0 else src.buffered
+    at = src.find(ELF_MAGIC, 0, end)
     while at >= 0:
-        if buf[at + 18 : at + 20] == EM_CUDA.to_bytes(2, "little") or len(buf) - at < 20:
+        if src.peek(2, at + 18) == _EM_CUDA or src.buffered - at < 20:
             return at, "cubin"
-        at = buf.find(ELF_MAGIC, at + 1, end)
+        at = src.find(ELF_MAGIC, at + 1, end)
     return fat, "fatbin"
 
 
@@ -99,7 +102,7 @@ def cubin_size(head) -> int:
 
 def _implausible(kind: str, src, limits) -> str:
     """Why the header at `src.pos` cannot be what its magic says ("" if it can)."""
-    head = bytes(src.buf[:LOOKAHEAD])
+    head = src.peek(LOOKAHEAD)
     if kind == "fatbin":
         if len(head) < 16:
             return "truncated header"

@@ -54,13 +54,13 @@ class Entry:
     unpacked: int  # payload bytes after decompression
 
 
-def find_container(buf, start: int = 0) -> int:
-    """The first container header in `buf` from `start`, or -1. Searched by its first 4 bytes
-    (the magic: bytes.find is slow for a pattern ending in a byte the data is full of, like the
-    header's trailing zero in zero-filled data), then checked whole."""
-    at = buf.find(HEADER_PATTERN[:4], start)
-    while at >= 0 and buf[at + 4 : at + 8] != HEADER_PATTERN[4:] and len(buf) - at >= 8:
-        at = buf.find(HEADER_PATTERN[:4], at + 1)
+def find_container(src, start: int = 0) -> int:
+    """The first container header buffered in `src` (a `stream.Pull`) from `start`, or -1.
+    Searched by its first 4 bytes (the magic: bytes.find is slow for a pattern ending in a byte
+    the data is full of, like the header's trailing zero in zero-filled data), then checked whole."""
+    at = src.find(HEADER_PATTERN[:4], start)
+    while at >= 0 and src.peek(4, at + 4) != HEADER_PATTERN[4:] and src.buffered - at >= 8:
+        at = src.find(HEADER_PATTERN[:4], at + 1)
     return at
 
 

@@ -91,7 +91,7 @@ def _zip_members(src, ctx):
 def _decompressed(src, ctx):
     """The one file inside a zstd or LZ4 frame file (``k.fatbin.zst``, ``libs.tar.lz4``),
     decompressed into memory or the private spill file (ratio-guarded: no declared size)."""
-    method = _FRAMES[bytes(src.buf[:4])]
+    method = _FRAMES[src.peek(4)]
     raw = SubReader(src, src.remaining)
     try:
         if method == "zstd":
@@ -145,7 +145,7 @@ def _decompressed(src, ctx):
 def _tar_members(src, ctx):
     lim, total, count = ctx.limits, 0, 0
     src.fill(6)
-    opener = next((o for magic, o in _OPENERS.items() if bytes(src.buf[: len(magic)]) == magic), None)
+    opener = next((o for magic, o in _OPENERS.items() if src.peek(len(magic)) == magic), None)
     raw = SubReader(src, src.remaining)  # the rest of the source, counting what was read
     f = raw if opener is None else _RatioGuard(opener(raw), raw, lim, "compressed tar stream")
     with tarfile.open(fileobj=f, mode="r|") as tf:

@@ -183,14 +183,15 @@ class Finder:
 
     def __init__(self, data, tokens: tuple[bytes, ...], lo: int, hi: int):
         self._data = data
-        self._ends = {tok: min(len(data), hi + len(tok) - 1) for tok in tokens}
-        self._next = {tok: data.find(tok, lo, self._ends[tok]) for tok in tokens}
+        self._tokens = tokens
+        self._ends = [min(len(data), hi + len(tok) - 1) for tok in tokens]
+        self._next = [data.find(tok, lo, end) for tok, end in zip(tokens, self._ends)]
 
     def find(self, at: int) -> int:
         best = -1
-        for tok, n in self._next.items():
+        for i, n in enumerate(self._next):
             if 0 <= n < at:
-                n = self._next[tok] = self._data.find(tok, at, self._ends[tok])
+                n = self._next[i] = self._data.find(self._tokens[i], at, self._ends[i])
             if n >= 0 and (best < 0 or n < best):
                 best = n
         return best
@@ -198,6 +199,6 @@ class Finder:
     def last(self, lo: int, hi: int) -> int:
         """The last literal occurrence starting in [lo, hi) (-1 if none)."""
         best = -1
-        for tok in self._next:
+        for tok in self._tokens:
             best = max(best, self._data.rfind(tok, lo, min(len(self._data), hi + len(tok) - 1)))
         return best

@@ -14,7 +14,6 @@ from __future__ import annotations
 import re
 from collections import Counter
 from dataclasses import dataclass, field
-from pathlib import PurePosixPath
 
 from . import demangle, fatbin, nested
 from .device import DeviceCode
@@ -33,6 +32,7 @@ EVIDENCE_MAX = 1024  # characters of one finding's evidence kept (sgl-kernel 0.3
 ROUTED_SNIPPETS = 3
 _PYTHON = {".py", ".pyi", ".pyx", ".pxd"}
 _SOURCES = {".cu", ".cuh", ".h", ".hh", ".hpp", ".cc", ".cpp", ".cxx", ".c", ".inl", ".inc"}
+_ROUTED = {**dict.fromkeys(_PYTHON, "python"), **dict.fromkeys(_SOURCES, "jit-source")}  # by suffix
 _PRINTABLE = re.compile(rb"[\x20-\x7e]*")
 
 
@@ -83,11 +83,13 @@ class MemberScan:
 
 
 def routed_kind(name: str) -> str:
-    path = PurePosixPath(name)
-    if any(part.endswith(".dist-info") for part in path.parts[:-1]):
+    """What a text member is, from its path (string operations: called for every member)."""
+    if ".dist-info/" in name and any(part.endswith(".dist-info") for part in name.split("/")[:-1]):
         return "metadata"
-    suffix = path.suffix.lower()
-    return "python" if suffix in _PYTHON else "jit-source" if suffix in _SOURCES else "other"
+    base = name[name.rfind("/") + 1 :]
+    dot = base.rfind(".")
+    suffix = base[dot:].lower() if 0 < dot < len(base) - 1 else ""  # PurePosixPath.suffix
+    return _ROUTED.get(suffix, "other")
 
 
 def classify(name: str, head: bytes) -> str:
@@ -103,7 +105,7 @@ def classify(name: str, head: bytes) -> str:
         return archive
     if name.lower().endswith(".ptx"):
         return "ptx"
-    if routed_kind(name) == "other" and b"\x00" in head:
+    if b"\x00" in head and routed_kind(name) == "other":
         return "binary"
     return "text"  # searched for device code like any file, and its lines reported as routed
 
@@ -117,8 +119,8 @@ class _Collector:
     def __init__(self, scan: MemberScan, ctx: ScanContext):
         self.scan, self.ctx = scan, ctx
         self._examined = 0
-        self._kept: Counter = Counter()
-        self._extra: Counter = Counter()
+        self._kept: dict[str, int] = {}  # distinct findings kept per layer
+        self._extra: dict[str, int] = {}  # ... past the limit (the first of each further op)
         self._ops: set[tuple[str, str]] = set()
         self._evidence: dict[tuple[str, str, str], str] = {}
         self._repeats = 0
@@ -159,10 +161,10 @@ class _Collector:
                 return
             self._repeats += 1
             hit.evidence = kept
-        elif self._kept[hit.layer] < lim.max_hits_per_member:
-            self._kept[hit.layer] += 1
-        elif (hit.layer, hit.op) not in self._ops and self._extra[hit.layer] < lim.max_hits_per_member:
-            self._extra[hit.layer] += 1  # the first finding of each further op is always kept
+        elif self._kept.get(hit.layer, 0) < lim.max_hits_per_member:
+            self._kept[hit.layer] = self._kept.get(hit.layer, 0) + 1
+        elif (hit.layer, hit.op) not in self._ops and self._extra.get(hit.layer, 0) < lim.max_hits_per_member:
+            self._extra[hit.layer] = self._extra.get(hit.layer, 0) + 1  # the first of each further op is kept
         else:
             self.scan.stats["evidence_dropped"] += 1
             return
@@ -260,8 +262,8 @@ def _scan_elf_tables(elf: ElfFile, store: SpanStore, col: _Collector, ctx: ScanC
     spans = [(0, elf.size)] if not elf.sections else _merged(data_sections(elf))
     covered, seen = -1, set()
     for off, n in spans:
-        for base, data, lo, hi in context_windows(store.pieces(off, n), RUN_LIMIT):
-            stats["data_bytes"] += hi - lo
+        stats["data_bytes"] += store.retained(off, n)
+        for base, data, lo, hi in context_windows(store.pieces(off, n, zeros=False), RUN_LIMIT):
             for end, text in _strings_with_hits(data, lo, hi, max(covered - base, lo), ctx.rules):
                 ctx.budget.count(ctx.limits, col.scan.member, 1 + len(text) // 64)
                 covered = base + end
@@ -320,7 +322,7 @@ def _scan_ar(src: Pull, col: _Collector, ctx: ScanContext, label: str) -> None:
             what = f"{label}({name.rstrip(b'/').decode('latin-1')[:256]})"
             sub = Pull(SubReader(src, size), size, what, budget=ctx.budget)
             sub.fill(4)
-            if bytes(sub.buf[:4]) == ELF_MAGIC:
+            if sub.peek(4) == ELF_MAGIC:
                 _scan_host_elf(sub, col, ctx, sub.what)
             else:
                 for _ in device_split(sub, col, _data_file_layers, strict=False):
@@ -332,8 +334,7 @@ def _scan_ar(src: Pull, col: _Collector, ctx: ScanContext, label: str) -> None:
 # -- text-like members: routed/info only ----------------------------------------------------
 def _scan_text(pieces, scan: MemberScan, ctx: ScanContext) -> None:
     """Lines naming retired ops in (offset, bytes) `pieces` of a text member: routed/info."""
-    kind = routed_kind(scan.member)
-    counts: Counter = Counter()
+    counts: dict[str, int] = {}
     snippets: dict[str, list[str]] = {}
     covered, lines = 0, 0
     limit = ctx.limits.max_text_lines
@@ -353,13 +354,14 @@ def _scan_text(pieces, scan: MemberScan, ctx: ScanContext) -> None:
             end = min(end if end >= 0 else len(data), pos + LINE_CONTEXT)
             line = data[start:end].decode("utf-8", "replace").strip()
             for op in ctx.rules.match(line):
-                counts[op] += 1
+                counts[op] = counts.get(op, 0) + 1
                 if len(snippets.setdefault(op, [])) < ROUTED_SNIPPETS and line not in snippets[op]:
                     snippets[op].append(line)
             covered = base + end
             pos = find.find(end)
     scan.stats["text_files"] += 1
     scan.stats["text_bytes"] += scan.unpacked
+    kind = routed_kind(scan.member) if counts else ""
     for op, n in counts.items():
         scan.routed.append(
             {"op": op, "member": scan.member, "kind": kind, "count": n, "evidence": snippets[op]}
@@ -372,7 +374,7 @@ def scan_member(
 ) -> MemberScan:
     src = Pull(stream, unpacked, name, on_progress, ctx.budget)
     src.fill(SNIFF)
-    kind = classify(name, bytes(src.buf[:SNIFF]))
+    kind = classify(name, src.peek(SNIFF))
     scan = MemberScan(name, kind, unpacked, compressed)
     col = _Collector(scan, ctx)
     if kind == "elf":

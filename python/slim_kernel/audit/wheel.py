@@ -13,13 +13,14 @@ output stops at the declared size and the CRC-32 is checked at the end.
 from __future__ import annotations
 
 import bz2
+import functools
 import io
 import lzma
 import os
 import stat
 import struct
 import zlib
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from .limits import AuditInputError, HostileArchiveError, Limits
 
@@ -32,8 +33,7 @@ _EOCD64 = struct.Struct("<4sQHHIIQQQQ")  # zip64 end of central directory (56 by
 _CD_READ = 1 << 20
 
 
-@dataclass(frozen=True)
-class Member:
+class Member(NamedTuple):  # a tuple: a wheel may have 100,000 of them
     name: str
     compressed: int
     unpacked: int
@@ -49,7 +49,7 @@ def check_name(name: str) -> None:
     norm = name.replace("\\", "/")
     if norm.startswith("/") or (len(norm) > 1 and norm[1] == ":"):
         raise HostileArchiveError(f"absolute member path refused: {name!r}")
-    if any(part == ".." for part in norm.split("/")):
+    if ".." in norm and ".." in norm.split("/"):
         raise HostileArchiveError(f"path traversal in member name refused: {name!r}")
 
 
@@ -193,7 +193,7 @@ class WheelArchive:
             if m.offset + _LOCAL.size + m.compressed > bound:
                 other = "the central directory" if b is None else repr(members[b].name)
                 raise HostileArchiveError(f"members {m.name!r} and {other} overlap (zip bomb?)")
-            out[a] = Member(m.name, m.compressed, m.unpacked, m.offset, m.crc, m.method, bound)
+            out[a] = m._replace(bound=bound)
         return out
 
     def open(self, member: Member) -> MemberStream:
@@ -251,10 +251,34 @@ def open_regular(path: str):
     return os.fdopen(fd, "rb")  # O_NONBLOCK has no effect on regular files
 
 
-def read_member(f, n: int, name: str) -> bytes:
-    """`f.read(n)` with corrupt data (bad CRC, truncated data) turned into `AuditInputError`."""
+ZEROS = bytes(1 << 20)  # a shared block of zeros (never written: no memory of its own)
+_ZERO_VIEW = memoryview(ZEROS)
+HOLE_CHECK = 1 << 20  # reads of at least this many stored bytes ask the file system for holes
+_SEEK_DATA = getattr(os, "SEEK_DATA", None)
+
+
+def _hole(f, at: int, n: int) -> int:
+    """How many bytes from `at` (at most `n`) of the file `f` lie in a hole (a sparse file:
+    zeros no disk block holds, which reading would fill into the page cache); 0 where the file
+    system cannot tell. The file's offset is restored (`f` may be buffered)."""
+    if _SEEK_DATA is None or n < HOLE_CHECK:
+        return 0
     try:
-        return f.read(n)
+        fd = f.fileno()
+        keep = os.lseek(fd, 0, os.SEEK_CUR)
+        try:
+            data = os.lseek(fd, at, _SEEK_DATA)
+        finally:
+            os.lseek(fd, keep, os.SEEK_SET)
+    except (OSError, ValueError, AttributeError, io.UnsupportedOperation):  # ENXIO at the end, no fd
+        return 0
+    return min(max(data - at, 0), n)
+
+
+def read_member(f, into: memoryview, name: str) -> int:
+    """`f.readinto(into)` with corrupt data (bad CRC, truncated data) turned into `AuditInputError`."""
+    try:
+        return f.readinto(into)
     except (CorruptMember, zlib.error, EOFError, OSError, ValueError) as exc:
         raise AuditInputError(f"member {name!r} is corrupt: {exc}") from None
 
@@ -280,8 +304,9 @@ def member_stream(f, member: Member) -> MemberStream:
         raise AuditInputError(f"cannot read member {member.name!r}: {exc}") from None
 
 
+@functools.cache
 def _fast_inflater():
-    """`isal.isal_zlib` when installed (optional speed-up), else None."""
+    """`isal.isal_zlib` when installed (optional speed-up), else None (looked up once)."""
     try:
         from isal import isal_zlib
     except ImportError:
@@ -293,12 +318,10 @@ class _Decoder:
     """One decompression API over zlib/isal (input left in `unconsumed_tail`) and bz2/lzma
     (input kept inside): `step(data, n)` -> (at most n bytes out, input not yet taken)."""
 
-    def __init__(self, method: int, name: str):
+    def __init__(self, method: int, name: str, lib):
         self.keeps_input = method in (BZIP2, LZMA)
-        self.crc32 = zlib.crc32
-        if method == DEFLATED:
-            lib = _fast_inflater() or zlib
-            self.crc32, self.errors = lib.crc32, (lib.error,)
+        if method == DEFLATED:  # lib: zlib or isal_zlib
+            self.errors = (lib.error,)
             self._d = lib.decompressobj(-15)
         elif method == BZIP2:
             self._d, self.errors = bz2.BZ2Decompressor(), (OSError, ValueError, EOFError)
@@ -334,8 +357,9 @@ class _Decoder:
 
 
 class MemberStream(io.RawIOBase):
-    """A member's data read forward from `f` (stored, deflate, bzip2 or LZMA). Deflate uses
-    `isal.isal_zlib` (about twice as fast as zlib) when installed. Output is bounded by the
+    """A member's data read forward from `f` (stored, deflate, bzip2 or LZMA). Deflate and the
+    CRC-32 use `isal.isal_zlib` (inflate about twice, CRC-32 about 20 times as fast as zlib)
+    when installed. Output is bounded by the
     declared size (data that expands further is refused) and the CRC-32 is checked at the end."""
 
     IN_CHUNK = 1 << 20
@@ -346,8 +370,9 @@ class MemberStream(io.RawIOBase):
         stored = member.method == STORED
         if stored and member.compressed != member.unpacked:
             raise CorruptMember(f"stored member {member.name!r} has different packed and unpacked sizes")
-        self._d = None if stored else _Decoder(member.method, member.name)
-        self._crc32 = zlib.crc32 if stored else self._d.crc32
+        lib = _fast_inflater() or zlib
+        self._d = None if stored else _Decoder(member.method, member.name, lib)
+        self._crc32 = lib.crc32
         self._in_left, self._out_left = member.compressed, member.unpacked
         self._crc_expected, self._crc = member.crc, 0
         self._tail = b""
@@ -369,6 +394,32 @@ class MemberStream(io.RawIOBase):
     def _corrupt(self, why: str) -> CorruptMember:
         return CorruptMember(f"member {self._name!r}: {why}")
 
+    def readinto(self, b) -> int:
+        """Stored data goes straight from the archive into `b` (where the archive file has a
+        hole, a sparse file, zeros are written without reading it); decompressed data is
+        copied in piece by piece, never joined first."""
+        n = min(len(b), self._out_left)
+        hole = _hole(self._f, self._at, n) if self._d is None else 0
+        n = hole or n
+        with memoryview(b) as view, view[:n] as into:
+            if self._d is not None:
+                got = 0
+                while got < n:
+                    out = self._inflate(n - got)
+                    into[got : got + len(out)] = out
+                    got += len(out)
+            elif hole:
+                for at in range(0, n, len(ZEROS)):
+                    into[at : at + len(ZEROS)] = _ZERO_VIEW[: n - at]
+                self._at, self._in_left = self._at + n, self._in_left - n
+            else:
+                self._f.seek(self._at)
+                if self._f.readinto(into) != n:
+                    raise self._corrupt("archive truncated")
+                self._at, self._in_left = self._at + n, self._in_left - n
+            self._account(into)
+        return n
+
     def read(self, n: int = -1) -> bytes:
         if n is None or n < 0:
             n = self._out_left
@@ -377,18 +428,25 @@ class MemberStream(io.RawIOBase):
             return self._account(self._raw(n))
         parts, got = [], 0
         while got < n:
-            if not self._tail and self._d.wants_input():
-                if not self._in_left:
-                    raise self._corrupt("compressed data ends before the declared size")
-                self._tail = self._raw(min(self.IN_CHUNK, self._in_left))
-            out, self._tail = self._d.step(self._tail, n - got)
-            if self._d.eof and not out and got < n:
-                raise self._corrupt("compressed stream ends before the declared size")
-            parts.append(out)
-            got += len(out)
+            parts.append(self._inflate(n - got))
+            got += len(parts[-1])
         return self._account(b"".join(parts))
 
-    def _account(self, data: bytes) -> bytes:
+    def _inflate(self, n: int) -> bytes:
+        """One decompression step: 1 to `n` bytes of output."""
+        while True:
+            if not self._tail and self._d.wants_input() and self._in_left:
+                self._tail = self._raw(min(self.IN_CHUNK, self._in_left))
+            # with no input left the decompressor may still hold output (a long match)
+            out, self._tail = self._d.step(self._tail, n)
+            if out:
+                return out
+            if self._d.eof:
+                raise self._corrupt("compressed stream ends before the declared size")
+            if not self._tail and not self._in_left:
+                raise self._corrupt("compressed data ends before the declared size")
+
+    def _account(self, data):
         self._crc = self._crc32(data, self._crc)
         self._out_left -= len(data)
         if self._out_left == 0:
