@@ -2,7 +2,7 @@
 
   python3 benchmark/bench_gemm.py --json OUT.json [--png OUT.png] [--sglang DIR] [--models all|NAME,...]
          [--router E,K,out ...] [--fused-a N,K ...] [--unnamed-router E,K,out ...] [--unnamed-fused-a N,K ...]
-         [--ms 1-16] [--large-ms LIST] [--table PATH] [--summary PATH] [--quick] [--dry-run]
+         [--ms 1-16] [--large-ms LIST] [--table PATH] [--summary PATH] [--quick] [--dry-run] [--replot]
 
 Per shape and M, after each producer (``plain``: a PDL-unaware kernel, candidates launched
 without PDL; ``pdl``: flashinfer's ``rmsnorm(enable_pdl=True)``, candidates with PDL), in the
@@ -196,13 +196,14 @@ def plot(report, path: str) -> None:
             ax.set_title(f"{op.removeprefix('dsv3_')} {shape} ({producer} producer)", fontsize=8)
             ax.set_xlabel("M")
             ax.set_ylabel("us per call")
-            ax.set_ylim(bottom=0)
+            top = max((r.us.get("default") or 0) for r in rows)
+            ax.set_ylim(0, 2.5 * top if top else None)  # an anchor far off the scale (tiny_gemm at fused-A) is cut
             ax.grid(alpha=0.3)
             ax.legend(fontsize=5, ncol=2, loc="upper left")
     fig.suptitle(f"{report.device}: decode step, cold weights; flashinfer {report.versions.get('flashinfer')}",
                  fontsize=9)
     fig.tight_layout()
-    fig.savefig(path, dpi=90)
+    fig.savefig(path, dpi=60)
     plt.close(fig)
 
 
@@ -235,7 +236,14 @@ def main(argv=None) -> int:
     ap.add_argument("--summary", help="also write decode_step_summary.json here (rows of other versions kept)")
     ap.add_argument("--quick", action="store_true", help="M 1,8,16 and the first shape")
     ap.add_argument("--dry-run", action="store_true", help="no GPU: fake timings, for the report plumbing")
+    ap.add_argument("--replot", action="store_true", help="no GPU: draw --png from the existing --json and stop")
     args = ap.parse_args(argv)
+    if args.replot:
+        from types import SimpleNamespace
+
+        data = json.loads(Path(args.json).read_text())
+        plot(SimpleNamespace(**{**data, "rows": [SimpleNamespace(**r) for r in data["rows"]]}), args.png)
+        return 0
     from slim_kernel.tune import parse_ms
 
     named, unnamed = shapes_from_args(args)
@@ -261,7 +269,7 @@ def main(argv=None) -> int:
         for shape in named + unnamed:
             for m in sorted(set(ms + large)):
                 measured.append(measure_point(report, anchors, shape, m, gen, shape in unnamed and shape not in named))
-            Path(args.json).write_text(json.dumps(report_dict(report), indent=1))  # so far, should a later step fail
+            Path(args.json).write_text(make_routing.dumps_table(report_dict(report), "rows"))  # so far, should a later step fail
             print(f"[bench] {shape.label()}: {len(report.rows)} rows, {time.time() - t0:.0f} s", flush=True)
         install_table(report_dict(report), Path(args.table) if args.table else None)
         measure_default(report, measured)
@@ -269,10 +277,10 @@ def main(argv=None) -> int:
             run_unnamed_tune(report, measured, unnamed, sorted(set(ms + large)))
     report.seconds = time.time() - t0
     data = report_dict(report)
-    Path(args.json).write_text(json.dumps(data, indent=1))
+    Path(args.json).write_text(make_routing.dumps_table(data, "rows"))
     if args.summary:
         path = Path(args.summary)
-        path.write_text(json.dumps(make_routing.merge_summary(path, [data]), indent=1) + "\n")
+        path.write_text(make_routing.dumps_table(make_routing.merge_summary(path, [data]), "rows"))
     if args.png:
         plot(report, args.png)
     for note in report.notes:

@@ -172,11 +172,12 @@ def summary_markdown(rows: list[dict], producer: str = "plain") -> str:
     return "\n".join(lines)
 
 
-def dumps_table(table: dict) -> str:
-    """The table as JSON with one entry per line (reviewable diffs, small files)."""
-    head = {k: v for k, v in table.items() if k != "entries"}
-    lines = [json.dumps(e, separators=(",", ":")) for e in table["entries"]]
-    return json.dumps(head, indent=1)[:-2] + ',\n "entries": [\n  ' + ",\n  ".join(lines) + "\n ]\n}\n"
+def dumps_table(table: dict, key: str = "entries") -> str:
+    """A table (or the summary: ``key="rows"``) as JSON with one entry per line (reviewable diffs,
+    small files)."""
+    head = {k: v for k, v in table.items() if k != key}
+    lines = [json.dumps(e, separators=(",", ":")) for e in table[key]]
+    return json.dumps(head, indent=1)[:-2] + f',\n "{key}": [\n  ' + ",\n  ".join(lines) + "\n ]\n}\n"
 
 
 def main(argv=None) -> int:
@@ -207,7 +208,7 @@ def main(argv=None) -> int:
     if summary is not None:
         data = merge_summary(summary, reports) if not committed else {
             "schema": SCHEMA, "rows": [r for rep in reports for r in summary_rows(rep)]}
-        summary.write_text(json.dumps(data, indent=1) + "\n")
+        summary.write_text(dumps_table(data, "rows"))
         print(f"{len(data['rows'])} summary rows -> {summary}")
     return 0
 
