@@ -112,9 +112,7 @@ def default_choice(tp, pdl: bool) -> str:
 
     sel = registry.select(tp.shape.op, tp.x.device, tp.args(), pdl=pdl)
     dec = registry.decision(tp.shape.op, tp.x.device, tp.args(), pdl)
-    best = dec.point.best(sel.spec.backend.value) if dec else None
-    name = f"{sel.spec.backend.value}:{best[0]}" if best and best[0] else sel.spec.backend.value
-    return f"{name} ({dec.source if dec else 'priority'})"
+    return f"{registry.pick_label(sel.spec, dec)} ({dec.source if dec else 'priority'})"
 
 
 def measure_default(report, measured: list, column: str = "default") -> None:

@@ -125,7 +125,7 @@ def run_anchors(result: dict, device, ms: list[int], since, sglang: str | None) 
     imports["anchors_init"] = round(time.monotonic() - t, 4)  # Anchors(): sglang's modules, flashinfer.norm
     gen, weights = torch.Generator(device=device).manual_seed(result["rank"]), {}
     for op, shape in shapes():
-        spec = models.Shape(op, shape.get("e") or shape["n"], shape["k"], shape.get("out", "bfloat16"))
+        spec = models.Shape.from_key(op, shape)
         for m in ms:
             w, x, out = _operands(shape, m, gen, device, weights)
             w_arg = w if op == models.ROUTER else w.t()

@@ -99,18 +99,12 @@ def _pick_shapes(device) -> list[tuple[str, dict]]:
     return list({json.dumps(s, sort_keys=True): s for s in shapes}.values())
 
 
-def _tune_hint(op: str, shape: dict) -> str:
-    from .names import ROUTER
-
-    arg = f"--router {shape['e']},{shape['k']},{shape['out']}" if op == ROUTER else f"--fused-a {shape['n']},{shape['k']}"
-    return f"slim-kernel tune {arg}"
-
-
 def _picks(device) -> list[dict]:
     """What each op would run for every model shape and M, in each launch context the PDL knob
     allows (auto: both; slim_kernel.pdl), which source decided it (tuned, shipped or estimate)
     and why."""
     from . import knobs, registry, routing
+    from .models import Shape
 
     contexts = (True, False) if knobs.pdl_auto() else (knobs.pdl(),)
     version, rows = routing.flashinfer_version(), []
@@ -123,13 +117,12 @@ def _picks(device) -> list[dict]:
                 if not order:
                     continue
                 spec = order[0]
-                best = dec.point.best(spec.backend.value) if dec else None
-                choice = f"{spec.backend.value}:{best[0]}" if best and best[0] else spec.backend.value
-                row = {"op": op, "shape": shape, "m": m, "flashinfer": version, "pdl": pdl, "pick": choice,
+                row = {"op": op, "shape": shape, "m": m, "flashinfer": version, "pdl": pdl,
+                       "pick": registry.pick_label(spec, dec),
                        "source": dec.source if dec else "priority", "estimate": bool(dec and dec.estimated),
                        "why": registry.why(spec, dec)}
                 if row["estimate"] or dec is None:
-                    row["tune"] = _tune_hint(op, shape)
+                    row["tune"] = f"slim-kernel tune {Shape.from_key(op, shape).option()}"
                 rows.append(row)
     return rows
 

@@ -27,6 +27,19 @@ class Shape:
             return {"e": self.n, "k": self.k, "out": self.out}
         return {"n": self.n, "k": self.k}
 
+    @classmethod
+    def from_key(cls, op: str, key: dict) -> Shape:
+        """The shape of a routing-table shape dict (:meth:`key`'s inverse)."""
+        if op == ROUTER:
+            return cls(op, key["e"], key["k"], key["out"])
+        return cls(op, key["n"], key["k"])
+
+    def option(self) -> str:
+        """The command-line option naming this shape (``--router E,K,out`` / ``--fused-a N,K``)."""
+        if self.op == ROUTER:
+            return f"--router {self.n},{self.k},{self.out}"
+        return f"--fused-a {self.n},{self.k}"
+
     def label(self) -> str:
         if self.op == ROUTER:
             return f"router E={self.n} K={self.k} {self.out}"

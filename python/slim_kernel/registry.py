@@ -42,6 +42,7 @@ __all__ = [
     "select",
     "explain",
     "load",
+    "pick_label",
 ]
 
 
@@ -256,6 +257,12 @@ def ranked(op: str, device: torch.device, args: Sequence,
             reasons.append(f"{spec.backend.value}: {reason}")
     dec = decision(op, device, args, pdl) if eligible else None
     return _ranked(eligible, dec), reasons, dec
+
+
+def pick_label(spec: KernelSpec, dec: routing.Decision | None) -> str:
+    """``backend`` or ``backend:variant`` (the configuration the decision names for it)."""
+    best = dec.point.best(spec.backend.value) if dec is not None else None
+    return f"{spec.backend.value}:{best[0]}" if best and best[0] else spec.backend.value
 
 
 def why(spec: KernelSpec, dec: routing.Decision | None) -> str:
