@@ -2,7 +2,7 @@
 (the sibling shared folder one level up, a checkout of the sglang anchors in a dot folder) or a path
 of the machine a run was made on (a home or work directory).
 
-Flagged: those two, and absolute paths under the root user's home, a work tree, /home/<user>/,
+Flagged: those two, and absolute paths under the root user's home, a work tree, the home of any user,
 /Users/<user>/, /mnt/, /scratch/. Allowed: system paths that mean the same on every machine and that
 code and docs use on purpose (/usr/local/cuda, /tmp for throw-away files, /dev/null, /proc, /etc),
 and relative paths inside the repository. Binary files are skipped; so is this file. The patterns
@@ -49,7 +49,7 @@ def _hits(names: list[str]) -> list[str]:
 
 def test_the_pattern_flags_what_it_should():
     flagged = [SIBLING + "/device/make-bundle.py", "--sglang " + ANCHORS + "sglang_jit",
-               f"--json /{MACHINE_ROOTS[0]}/out/x.json", f"cd /{MACHINE_ROOTS[1]}/main", "/home/alice/src",
+               f"--json /{MACHINE_ROOTS[0]}/out/x.json", f"cd /{MACHINE_ROOTS[1]}/main", "/" + "home/alice/src",
                "/Users/bob/x", "/mnt/data/x", "/scratch/run1"]
     allowed = ["/usr/local/cuda/bin/nvcc", "/tmp/wheels", "/dev/null", "/proc/self", "pkg/data/blob.tar.gz",
                "python/slim_kernel/work/x", "~/.cache/slim_kernel", "benchmark/results/h200"]
