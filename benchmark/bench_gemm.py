@@ -70,8 +70,8 @@ def measure_point(report, anchors: Anchors, shape, m: int, gen, unnamed: bool):
             continue
         row = report.add(H.Row(shape.op, {**shape.key(), "m": m}, "cold", bytes_read=shape.n * shape.k * 2,
                                pattern="decode", producer=producer, unnamed=unnamed))
-        row.us.update(tune.measure(tp, producer == "pdl", report.notes))
         step = DecodeStep(tp.producers[producer], len(tp.weights))
+        row.us.update(tune.measure(tp, producer == "pdl", report.notes, step))
         for name, fn in anchor_impls.items():
             row.us[f"anchor:{name}"] = round(step.time(tp.calls(fn)), 3)
         rows.append(row)

@@ -144,15 +144,16 @@ def _flashinfer_programs(op: str, k: int, pdl: bool) -> list[str]:
     return [name for name in FLASHINFER_FUSED_A_PROGRAMS if fb.fused_a_program(name, k, pdl) is not None]
 
 
-def measure(point: Point, pdl: bool, notes: list[str]) -> dict[str, float]:
+def measure(point: Point, pdl: bool, notes: list[str], step=None) -> dict[str, float]:
     """µs per call of every correct candidate at ``point`` in one launch context (the PDL-aware
-    producer with PDL launches, or the plain one without)."""
+    producer with PDL launches, or the plain one without). ``step``: that producer's
+    ``timing.DecodeStep`` when the caller times more after it (made here otherwise)."""
     from .timing import DecodeStep
 
     producer = point.producers.get("pdl" if pdl else "plain")
     if producer is None:
         return {}
-    step = DecodeStep(producer, len(point.weights))
+    step = step or DecodeStep(producer, len(point.weights))
     times = {}
     for name, fn in candidates(point, pdl).items():
         err = point.error(fn)
