@@ -376,9 +376,6 @@ VARIANTS: dict[str, dict[str, GemmConfig]] = {
         # 32 rows per CTA: one wave where 16-row CTAs take two (GLM-5's 2624 rows: 82 CTAs, not 164)
         "stream_r2": Stream(stages=4, pieces=2, rt=2),
         "stream_r2c": Stream(stages=8, pieces=1, rt=2),
-        "stream_w6": Stream(stages=6, pieces=2),
-        "stream_r2d": Stream(stages=9, pieces=1, rt=2),
-        "stream_r2w5": Stream(stages=5, pieces=2, rt=2),
     },
 }
 FALLBACK_VARIANT = "skinny"  # serves every M of both ops: the choice where nothing was measured
