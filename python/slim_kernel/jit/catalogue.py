@@ -351,6 +351,11 @@ VARIANTS: dict[str, dict[str, GemmConfig]] = {
         # from M=7 the generic body (K != 7168) spills under that cap
         "narrow_r3t896": Narrow(rows=3, cpt=1, threads=896, tokens=6, exactk=7168),
         "narrow_r2t896": Narrow(rows=2, cpt=1, threads=896, tokens=10, exactk=7168),
+        # M 11-16 of narrow routers (E=128: 128 CTAs; K=6144 at E=256: 2 rows, 128 CTAs): one chunk per
+        # thread keeps a token's FMA chain after the PDL wait half as long as two chunks per thread, and
+        # 16 tokens fit the block's register bound without spills (72 / 80 registers, NVRTC 13.0/13.2, nvcc)
+        "narrow_r1t896": Narrow(rows=1, cpt=1, threads=896, tokens=16, exactk=7168),
+        "narrow_r2t768k6": Narrow(rows=2, cpt=1, threads=768, tokens=16, exactk=6144),
         # one wave of 128 CTAs at E=896 (Kimi-K3), where 1-3 rows per CTA take 2-7 waves; one chunk per
         # thread and round (two rounds at K = 7168): two chunks spill, and so does M > 5 with nvcc
         "narrow_r7": Narrow(rows=7, cpt=1, threads=448, tokens=5, exactk=7168),
