@@ -7,6 +7,7 @@ import json
 import subprocess
 import sys
 import warnings
+from pathlib import Path
 
 import pytest
 
@@ -172,6 +173,42 @@ def test_estimate_weighs_measured_shapes_by_how_alike_the_candidates_grid_lands(
         _entry(4, us={"jit:narrow_r1kc": 2.5, "torch": 6.0}, shape={"e": 384, "k": 7168, "out": "float32"})]}, "t")
     dec = estimate.estimate(ROUTER, {"e": 256, "k": 5120, "out": "float32"}, 4, False, H200, [tab], "0.7.4")
     assert [c for c, _ in dec.point.us] == ["torch"]
+
+
+def test_pinned_flashinfer_programs_have_their_own_grid():
+    from slim_kernel import estimate
+    from slim_kernel.names import FLASHINFER_FUSED_A_PROGRAMS
+
+    assert set(estimate.PINNED_ROWS_PER_CTA) == set(FLASHINFER_FUSED_A_PROGRAMS)
+    # ncu (run 80): PACKED_S8_IL runs 164 CTAs at N=2624 (16 rows each), ACCUMULATORS_CN16 41 (64 rows)
+    assert estimate.grid(FUSED_A, "flashinfer:s8il", 2624, 6144, 8, 132) == (164, 132)
+    assert estimate.grid(FUSED_A, "flashinfer:cn16", 2624, 6144, 8, 132) == (41, 132)
+    # flashinfer's own choice stays opaque: one CTA per SM assumed
+    assert estimate.grid(FUSED_A, "flashinfer", 2624, 6144, 8, 132) == (132, 132)
+    # so s8il measured at N=2112 (132 CTAs, one wave) says less about N=2624 (164 CTAs, two waves)
+    # than the opaque call's measurement does
+    pinned = estimate.geometry_distance(FUSED_A, "flashinfer:s8il", (2624, 6144, 8), (2112, 6144, 8), 132)
+    opaque = estimate.geometry_distance(FUSED_A, "flashinfer", (2624, 6144, 8), (2112, 6144, 8), 132)
+    assert pinned == 0.5 and opaque < 0.25  # one wave more; bytes per CTA and CTAs at a time alike
+
+
+def test_score_estimate_scores_the_pick_that_selection_would_run(tmp_path, capsys):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmark"))
+    import score_estimate
+
+    shape = {"e": 256, "k": 7168, "out": "float32"}
+    table = {"schema": 1, **_header(), "entries": [
+        _entry(4, us={"jit:direct_c8": 4.0, "flashinfer": 3.0, "torch": 6.0}, shape=shape),
+        _entry(4, us={"jit:direct_c8": 4.0, "torch": 6.0}, shape={"e": 384, "k": 7168, "out": "float32"})]}
+    row = {"op": ROUTER, "producer": "plain", "unnamed": True, "shape": {"e": 288, "k": 7168, "out": "float32", "m": 4},
+           # flashinfer ranks first but has no router for E=288: selection runs direct_c8 (4.4 us)
+           "us": {"jit:direct_c8": 4.4, "torch": 6.6, "anchor:torch": 4.0, "default": 4.4}}
+    (tmp_path / "t.json").write_text(json.dumps(table))
+    (tmp_path / "b.json").write_text(json.dumps({"device": "NVIDIA H200", "sms": 132, "rows": [row]}))
+    sys.argv = ["score_estimate.py", str(tmp_path / "b.json"), str(tmp_path / "t.json")]
+    assert score_estimate.main() == 0
+    out = capsys.readouterr().out
+    assert "unnamed (plain): 0 of 1 points > 1.10x the best anchor, worst 1.10x; mean regret vs our best 1.000" in out
 
 
 def test_info_json_explains_every_estimate(monkeypatch):

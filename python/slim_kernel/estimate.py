@@ -4,7 +4,8 @@ Torch-free. What carries over from the measured shapes to a new one is not which
 the nearest shape but how each candidate's grid lands on the device: these GEMMs stream a weight
 read once, and a configuration is fast or slow by how many CTAs it runs at a time, in how many
 waves, each streaming how many bytes (``jit/catalogue.py`` gives every JIT configuration's grid,
-block and shared memory; flashinfer's and torch's grids are unknown and taken as one CTA per SM).
+block and shared memory, ``PINNED_ROWS_PER_CTA`` the tiles of flashinfer's pinned fused-A programs;
+the grids flashinfer picks itself and torch's are unknown and taken as one CTA per SM).
 
 So for the call's shape, each candidate's *regret* (its time over the fastest candidate's) at every
 measured shape of the op (same M and launch context) is averaged in log space with weights
@@ -19,8 +20,8 @@ only) and its generic body are different kernels and never stand in for each oth
 flashinfer's ``tinygemm_bf16`` picks its own program per shape from windows it measured (0.7.4
 on SM90), so on an unmeasured shape its regret carries ``OPAQUE_MARGIN`` more.
 
-Measured on the H200 runs (leave one shape out of the table, estimate it, score the pick by its
-measured time): ``benchmark/results/h200/NOTES_kernels.md``. The estimate's µs (what ``info``
+Scored on the H200 runs (shapes the table lacks, and each shape left out of the table in turn; the
+pick's measured time): ``benchmark/score_estimate.py``, numbers in ``benchmark/results/h200/NOTES_kernels.md``. The estimate's µs (what ``info``
 shows) is the weighted regret times the similarity-weighted best time of the measured shapes.
 """
 
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 import math
 
+from .names import FUSED_A
 from .routing import Decision, Device, Point, Table, _shape_items
 
 TAU = 0.2
@@ -36,6 +38,9 @@ MIN_WEIGHT = 1e-3
 OUT_DTYPE_DISTANCE = 0.1
 # flashinfer's fused-A call chooses its own program per shape: unpredictable where it was not measured
 OPAQUE_MARGIN = {("dsv3_fused_a_gemm", "flashinfer"): 0.2}
+# rows of N per CTA of each of flashinfer's pinned fused-A programs (names.FLASHINFER_FUSED_A_PROGRAMS):
+# grids of 164 and 41 CTAs at N=2624 (ncu, H200 run 80), one CTA per SM (200+ KB of shared memory)
+PINNED_ROWS_PER_CTA = {"s8il": 16, "cn16": 64}
 MAX_THREADS_PER_SM = 2048
 REGS_PER_SM = 65536
 SMEM_PER_SM = 228 * 1024
@@ -61,7 +66,11 @@ def _config(op: str, candidate: str):
 def grid(op: str, candidate: str, n: int, k: int, m: int, sms: int) -> tuple[int, int]:
     """(CTAs, CTAs running at once) of ``candidate`` at (N, K, M) on ``sms`` SMs."""
     cfg = _config(op, candidate)
-    if cfg is None:  # flashinfer, torch: a grid we do not know, assumed one CTA per SM
+    backend, _, variant = candidate.partition(":")
+    rows = PINNED_ROWS_PER_CTA.get(variant) if (op, backend) == (FUSED_A, "flashinfer") else None
+    if rows:  # a pinned flashinfer program: its tile is known, one CTA per SM at a time (ncu, run 80)
+        return -(-n // rows), sms
+    if cfg is None:  # flashinfer's own choice, torch: a grid we do not know, assumed one CTA per SM
         return sms, sms
     dims, block, _ = cfg.geometry(n, k, sms)
     ctas = dims[0] * dims[1] * dims[2]

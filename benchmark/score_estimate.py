@@ -1,0 +1,79 @@
+"""How good is the estimate for shapes no table measured? Scored on measured decode-step rows.
+
+    python3 benchmark/score_estimate.py BENCH.json TABLE.json [--producer plain|pdl] [--flashinfer 0.7.4]
+
+BENCH is a ``bench_gemm.py`` JSON whose rows time every candidate (run 77's, with four shapes no model
+names: ``git show 94c8d22:benchmark/results/h200/bench_gemm_fi074.json``); TABLE a routing table
+(``python/slim_kernel/tables/routing_sm90.json`` of the same commit). Two scores, each the pick's own
+measured time over the best anchor's (points above 1.10x, the worst) and over our best candidate's
+(geometric mean regret):
+  * unnamed: the rows marked ``unnamed`` (shapes the table lacks), estimated from the whole table;
+  * leave-one-shape-out: every shape of BENCH, estimated from the table without that shape.
+No GPU: ``slim_kernel.estimate`` is torch-free.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
+from slim_kernel import estimate, routing  # noqa: E402
+
+
+def _shape(row: dict) -> dict:
+    return {k: v for k, v in row["shape"].items() if k != "m"}
+
+
+def _score(rows: list[dict], tables_for, device, flashinfer: str) -> tuple[int, float, float]:
+    over, worst, log_regret = 0, 0.0, 0.0
+    for r in rows:
+        d = estimate.estimate(r["op"], _shape(r), r["shape"]["m"], r["producer"] == "pdl", device, tables_for(r),
+                              flashinfer)
+        # the first candidate of the ranking that runs at this shape (selection skips the others)
+        us = next(r["us"][cand] for cand, _ in d.point.us if cand in r["us"])
+        anchor = min(v for k, v in r["us"].items() if k.startswith("anchor:"))
+        ours = min(v for k, v in r["us"].items() if not k.startswith(("anchor:", "default")))
+        over += us / anchor > 1.10
+        worst = max(worst, us / anchor)
+        log_regret += math.log(us / ours)
+    return over, worst, math.exp(log_regret / len(rows))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("bench")
+    ap.add_argument("table")
+    ap.add_argument("--producer", choices=("plain", "pdl"), default="plain")
+    ap.add_argument("--flashinfer", default="0.7.4", help="the version the rows were measured with")
+    args = ap.parse_args()
+    bench = json.loads(Path(args.bench).read_text())
+    data = json.loads(Path(args.table).read_text())
+    device = routing.Device(bench.get("device", "NVIDIA H200"), int(bench.get("sms", 132)), data["arch"])
+    rows = [r for r in bench["rows"] if r["producer"] == args.producer]
+    whole = [routing.Table(data, args.table)]
+    without: dict[tuple, list] = {}
+
+    def loso(r: dict) -> list:
+        key = (r["op"], tuple(sorted(_shape(r).items())))
+        if key not in without:
+            rest = [e for e in data["entries"] if (e["op"], tuple(sorted(e["shape"].items()))) != key]
+            without[key] = [routing.Table(data | {"entries": rest}, args.table)]
+        return without[key]
+
+    for label, subset, tables_for in (("unnamed", [r for r in rows if r.get("unnamed")], lambda r: whole),
+                                      ("leave-one-shape-out", rows, loso)):
+        if not subset:
+            print(f"{label}: no rows")
+            continue
+        over, worst, regret = _score(subset, tables_for, device, args.flashinfer)
+        print(f"{label} ({args.producer}): {over} of {len(subset)} points > 1.10x the best anchor, worst "
+              f"{worst:.2f}x; mean regret vs our best {regret:.3f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
