@@ -1,6 +1,6 @@
 """How good is the estimate for shapes no table measured? Scored on measured decode-step rows.
 
-    python3 benchmark/score_estimate.py BENCH.json TABLE.json [--producer plain|pdl] [--flashinfer 0.7.4]
+    python3 benchmark/score_estimate.py BENCH.json TABLE.json [--producer plain|pdl] [--flashinfer 0.7.4] [--list]
 
 BENCH is a ``bench_gemm.py`` JSON whose rows time every candidate (run 77's, with four shapes no model
 names: ``git show 94c8d22:benchmark/results/h200/bench_gemm_fi074.json``); TABLE a routing table
@@ -28,16 +28,18 @@ def _shape(row: dict) -> dict:
     return {k: v for k, v in row["shape"].items() if k != "m"}
 
 
-def _score(rows: list[dict], tables_for, device, flashinfer: str) -> tuple[int, float, float]:
+def _score(rows: list[dict], tables_for, device, flashinfer: str, listing: bool) -> tuple[int, float, float]:
     over, worst, log_regret = 0, 0.0, 0.0
     for r in rows:
         d = estimate.estimate(r["op"], _shape(r), r["shape"]["m"], r["producer"] == "pdl", device, tables_for(r),
                               flashinfer)
         # the first candidate of the ranking that runs at this shape (selection skips the others)
-        us = next(r["us"][cand] for cand, _ in d.point.us if cand in r["us"])
+        pick, us = next((cand, r["us"][cand]) for cand, _ in d.point.us if cand in r["us"])
         anchor = min(v for k, v in r["us"].items() if k.startswith("anchor:"))
         ours = min(v for k, v in r["us"].items() if not k.startswith(("anchor:", "default")))
         over += us / anchor > 1.10
+        if listing and us / anchor > 1.10:
+            print(f"  {r['op']} {_shape(r)} M={r['shape']['m']}: {pick} {us / anchor:.2f}x")
         worst = max(worst, us / anchor)
         log_regret += math.log(us / ours)
     return over, worst, math.exp(log_regret / len(rows))
@@ -49,6 +51,7 @@ def main() -> int:
     ap.add_argument("table")
     ap.add_argument("--producer", choices=("plain", "pdl"), default="plain")
     ap.add_argument("--flashinfer", default="0.7.4", help="the version the rows were measured with")
+    ap.add_argument("--list", action="store_true", help="also print every point over 1.10x")
     args = ap.parse_args()
     bench = json.loads(Path(args.bench).read_text())
     data = json.loads(Path(args.table).read_text())
@@ -69,7 +72,7 @@ def main() -> int:
         if not subset:
             print(f"{label}: no rows")
             continue
-        over, worst, regret = _score(subset, tables_for, device, args.flashinfer)
+        over, worst, regret = _score(subset, tables_for, device, args.flashinfer, args.list)
         print(f"{label} ({args.producer}): {over} of {len(subset)} points > 1.10x the best anchor, worst "
               f"{worst:.2f}x; mean regret vs our best {regret:.3f}")
     return 0

@@ -4,6 +4,7 @@ shapes, `slim-kernel tune`'s arguments, the models' shapes."""
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 import warnings
@@ -190,6 +191,20 @@ def test_pinned_flashinfer_programs_have_their_own_grid():
     pinned = estimate.geometry_distance(FUSED_A, "flashinfer:s8il", (2624, 6144, 8), (2112, 6144, 8), 132)
     opaque = estimate.geometry_distance(FUSED_A, "flashinfer", (2624, 6144, 8), (2112, 6144, 8), 132)
     assert pinned == 0.5 and opaque < 0.25  # one wave more; bytes per CTA and CTAs at a time alike
+
+
+def test_idle_lanes_of_a_narrow_round_make_a_shape_less_alike():
+    from slim_kernel import estimate
+    from slim_kernel.jit.catalogue import VARIANTS
+
+    wide = VARIANTS[ROUTER]["narrow_r2t896"]  # 896 threads x 1 chunk: one round of K = 7168
+    assert wide.lane_fill(7168) == 1.0 and wide.lane_fill(4096) == 512 / 896
+    assert VARIANTS[ROUTER]["narrow_r2kc"].lane_fill(7168) == 1.0  # 448 x 2 chunks
+    assert not hasattr(VARIANTS[ROUTER]["direct_c8"], "lane_fill")
+    # the same grid (256 CTAs) at K 7168 and 4096: only the idle lanes tell them apart
+    d = estimate.geometry_distance(ROUTER, "jit:narrow_r2t896", (512, 4096, 4), (512, 7168, 4), 132)
+    bytes_term = abs(math.log(4096 / 7168))
+    assert d == pytest.approx(bytes_term + estimate.FILL_WEIGHT * abs(math.log(512 / 896)))
 
 
 def test_score_estimate_scores_the_pick_that_selection_would_run(tmp_path, capsys):

@@ -11,8 +11,11 @@ So for the call's shape, each candidate's *regret* (its time over the fastest ca
 measured shape of the op (same M and launch context) is averaged in log space with weights
 ``exp(-d / TAU)``, where ``d`` compares the candidate's grid at the two shapes on this device's SMs:
 
-    d = |log(bytes per CTA ratio)| + |waves difference| / 2 + |log(CTAs at a time ratio)| / 2
-        (+ 0.1 for another output dtype)
+    d = |log(bytes per CTA ratio)| + |waves difference| / 2 + |log(CTAs at a time ratio)|
+        + 2 |log(lane fill ratio)| (+ 0.1 for another output dtype)
+
+(lane fill: the share of a narrow kernel's thread-chunks that hold data in its rounds over K; a
+896-thread round fills 7168 exactly and 4096 to 57%)
 
 and the candidate with the smallest weighted regret serves. A candidate with no measured shape
 near its geometry (total weight < MIN_WEIGHT) is not estimated. Narrow's straight-line body (one K
@@ -34,6 +37,7 @@ from .routing import Decision, Device, Point, Table, _shape_items
 
 TAU = 0.2
 ACTIVE_WEIGHT = 1.0
+FILL_WEIGHT = 2.0  # of the lanes a narrow kernel's rounds keep busy at K (catalogue Narrow.lane_fill)
 MIN_WEIGHT = 1e-3
 OUT_DTYPE_DISTANCE = 0.1
 # flashinfer's fused-A call chooses its own program per shape: unpredictable where it was not measured
@@ -94,7 +98,13 @@ def geometry_distance(op: str, candidate: str, a: tuple[int, int, int], b: tuple
     bytes_a, bytes_b = a[0] * a[1] / ga, b[0] * b[1] / gb
     waves_a, waves_b = -(-ga // sa), -(-gb // sb)
     return (abs(math.log(bytes_a / bytes_b)) + abs(waves_a - waves_b) / 2
-            + ACTIVE_WEIGHT * abs(math.log(min(ga, sa) / min(gb, sb))))
+            + ACTIVE_WEIGHT * abs(math.log(min(ga, sa) / min(gb, sb)))
+            + FILL_WEIGHT * abs(math.log(_lane_fill(op, candidate, a[1]) / _lane_fill(op, candidate, b[1]))))
+
+
+def _lane_fill(op: str, candidate: str, k: int) -> float:
+    fill = getattr(_config(op, candidate), "lane_fill", None)
+    return fill(k) if fill else 1.0
 
 
 def _training(tables: list[Table], op: str, m: int, pdl: bool, flashinfer: str | None) -> list[Point]:

@@ -115,6 +115,11 @@ class Narrow:
     def max_m(self) -> int:
         return self.tokens
 
+    def lane_fill(self, k: int) -> float:
+        """The share of the rounds' thread-chunks that hold data at K (idle lanes still take their turn)."""
+        chunks, per_round = k // VEC, self.threads * self.cpt
+        return chunks / (_cdiv(chunks, per_round) * per_round)
+
     def instance(self, op: str, m: int, out_dtype: str, shape: tuple[int, int] | None = None) -> KernelInstance:
         if m > self.tokens:
             raise ValueError(f"this narrow kernel serves M <= {self.tokens}, got M={m}")
