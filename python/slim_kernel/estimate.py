@@ -24,8 +24,9 @@ flashinfer's ``tinygemm_bf16`` picks its own program per shape from windows it m
 on SM90), so on an unmeasured shape its regret carries ``OPAQUE_MARGIN`` more.
 
 Scored on the H200 runs (shapes the table lacks, and each shape left out of the table in turn; the
-pick's measured time): ``benchmark/score_estimate.py``, numbers in ``benchmark/results/h200/NOTES_kernels.md``. The estimate's µs (what ``info``
-shows) is the weighted regret times the similarity-weighted best time of the measured shapes.
+pick's measured time) by ``benchmark/score_estimate.py``; numbers in
+``benchmark/results/h200/NOTES_kernels.md``. The estimate's µs (what ``info`` shows) is the
+weighted regret times the similarity-weighted best time of the measured shapes.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ FILL_WEIGHT = 2.0  # of the lanes a narrow kernel's rounds keep busy at K (catal
 MIN_WEIGHT = 1e-3
 OUT_DTYPE_DISTANCE = 0.1
 # flashinfer's fused-A call chooses its own program per shape: unpredictable where it was not measured
-OPAQUE_MARGIN = {("dsv3_fused_a_gemm", "flashinfer"): 0.2}
+OPAQUE_MARGIN = {(FUSED_A, "flashinfer"): 0.2}
 # rows of N per CTA of each of flashinfer's pinned fused-A programs (names.FLASHINFER_FUSED_A_PROGRAMS):
 # grids of 164 and 41 CTAs at N=2624 (ncu, H200 run 80), one CTA per SM (200+ KB of shared memory)
 PINNED_ROWS_PER_CTA = {"s8il": 16, "cn16": 64}
@@ -69,11 +70,11 @@ def _config(op: str, candidate: str):
 
 def grid(op: str, candidate: str, n: int, k: int, m: int, sms: int) -> tuple[int, int]:
     """(CTAs, CTAs running at once) of ``candidate`` at (N, K, M) on ``sms`` SMs."""
-    cfg = _config(op, candidate)
     backend, _, variant = candidate.partition(":")
     rows = PINNED_ROWS_PER_CTA.get(variant) if (op, backend) == (FUSED_A, "flashinfer") else None
     if rows:  # a pinned flashinfer program: its tile is known, one CTA per SM at a time (ncu, run 80)
         return -(-n // rows), sms
+    cfg = _config(op, candidate)
     if cfg is None:  # flashinfer's own choice, torch: a grid we do not know, assumed one CTA per SM
         return sms, sms
     dims, block, _ = cfg.geometry(n, k, sms)

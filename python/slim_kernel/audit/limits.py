@@ -111,19 +111,18 @@ class Budget:
     def step(self, n: int, what: str) -> None:
         """Count `n` cheap steps (symbol rows, KiB of names and strings examined)."""
         self.steps += n
-        if self.steps > self.limits.max_steps:
-            raise HostileArchiveError(
-                f"{what}: more than {self.limits.max_steps:,} steps of work in this wheel (symbol-table "
-                "rows, KiB of names and strings examined; hostile?)"
-            )
+        _refuse_past(self.steps, self.limits.max_steps, what, "steps of work in this wheel (symbol-table rows, "
+                     "KiB of names and strings examined; hostile?)")
 
     def spill(self, n: int, what: str) -> None:
         self.spilled += n
-        if self.spilled > self.limits.max_spill:
-            raise HostileArchiveError(
-                f"{what}: more than {self.limits.max_spill:,} bytes to keep on disk while reading this "
-                "wheel (hostile?)"
-            )
+        _refuse_past(self.spilled, self.limits.max_spill, what, "bytes to keep on disk while reading this wheel "
+                     "(hostile?)")
+
+
+def _refuse_past(count: int, limit: int, what: str, unit: str) -> None:
+    if count > limit:
+        raise HostileArchiveError(f"{what}: more than {limit:,} {unit}")
 
 
 def too_many_items(limits: Limits) -> str:
