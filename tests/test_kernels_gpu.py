@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+from jit_fixtures import instances as fx
 
 import slim_kernel
 from slim_kernel.backends import jit as jb
 from slim_kernel.jit import catalogue as cat
+from slim_kernel.jit.runtime import get_kernel
 from slim_kernel.names import FUSED_A, ROUTER
 from slim_kernel.registry import BackendUnavailableError
 
@@ -54,6 +56,13 @@ def _fused_a(a, b, backend="jit"):
     out = torch.full((a.shape[0], b.shape[1]), float("nan"), device="cuda", dtype=torch.bfloat16)
     slim_kernel.dsv3_fused_a_gemm(a, b, output=out, backend=backend)
     return out
+
+
+def _gemm_into(op, x, w_nk, out):
+    if op == ROUTER:
+        slim_kernel.dsv3_router_gemm(x, w_nk, out.dtype, output=out, backend="jit")
+    else:
+        slim_kernel.dsv3_fused_a_gemm(x, w_nk.t(), output=out, backend="jit")
 
 
 def _ref(act, w_nk):
@@ -167,6 +176,32 @@ def test_cuda_graph_capture_and_producer_written_activations(op, variant, pdl, u
         graph.replay()
         torch.cuda.synchronize()
         _check(out, _ref(src * 2.0, w), f"graph {op}[{variant}] M={m}")
+
+
+@pytest.mark.parametrize("pdl", [True], indirect=True)
+@pytest.mark.parametrize("op,variant", ALL_VARIANTS)
+def test_pdl_reads_the_activation_after_an_early_triggering_producer(op, variant, pdl, use_variant):
+    # The producer lets the GEMM launch at once and writes x 1 ms later (past the host's launch of the
+    # warmed-up GEMM, eager on a side stream): a kernel that loads x before its griddepcontrol.wait reads
+    # the old x (ptxas moves .nc loads across the wait: ptx.cuh).
+    cfg = use_variant(op, variant)
+    gen = torch.Generator(device="cuda").manual_seed(12)
+    w = _rand(384 if op == ROUTER else 2112, 7168, gen=gen)
+    writer = get_kernel(fx.early_writer(), torch.cuda.current_device())
+    side = torch.cuda.Stream()  # a stream of its own, as in a captured graph (not the legacy default stream)
+    for m in [m for m in (1, 4, 8, 11, 16, 32) if m <= cfg.max_m()]:
+        src, x = _rand(m, 7168, gen=gen), _rand(m, 7168, gen=gen)  # x: the old activation
+        out = torch.full((m, w.shape[0]), float("nan"), device="cuda",
+                         dtype=torch.float32 if op == ROUTER else torch.bfloat16)
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            _gemm_into(op, x, w, out)  # compiled and planned before the pair below
+            out.fill_(float("nan"))
+            writer.launch((4, 1, 1), (256, 1, 1), (src.data_ptr(), x.data_ptr(), x.numel(), 1_000_000),
+                          stream=side.cuda_stream)
+            _gemm_into(op, x, w, out)
+        torch.cuda.synchronize()
+        _check(out, _ref(src, w), f"early-triggering producer {op}[{variant}] M={m}")
 
 
 @pytest.mark.parametrize("op,variant", ALL_VARIANTS)

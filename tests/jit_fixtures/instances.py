@@ -19,4 +19,9 @@ def smem_cluster() -> KernelInstance:
     return KernelInstance.make(str(HERE / "fixture_smem_cluster.cuh"), "fixture_smem_cluster", "ppi")
 
 
-ALL = (axpby, smem_cluster)
+def early_writer() -> KernelInstance:
+    """(src, dst, n, delay_ns): dst = src after delay_ns, the dependents' launch triggered at entry."""
+    return KernelInstance.make(str(HERE / "fixture_early_writer.cuh"), "fixture_early_writer", "ppll")
+
+
+ALL = (axpby, smem_cluster, early_writer)

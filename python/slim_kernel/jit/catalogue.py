@@ -348,9 +348,9 @@ VARIANTS: dict[str, dict[str, GemmConfig]] = {
         "narrow_r1gkc": Narrow(rows=1, cpt=2, threads=448, tokens=10, plain=1, regs=72, exactk=7168),
         "narrow_r2kc": Narrow(rows=2, cpt=2, threads=448, tokens=7, regs=72, exactk=7168),
         "narrow_r2klc": Narrow(rows=2, cpt=2, threads=448, tokens=6, late=1, regs=72, exactk=7168),
-        # M <= 5: its M=6 straight-line instance spills 8 bytes under the 72-register cap with NVRTC 13.2
-        # (13.0: none), and M=6 never picked it (E=384: narrow_r2klc / narrow_r3t896 faster, runs 72-75)
-        "narrow_r3klc": Narrow(rows=3, cpt=2, threads=448, tokens=5, late=1, regs=72, exactk=7168),
+        # M <= 4: with the weight loads kept before the PDL wait (ptx.cuh), its M=5 straight-line instance
+        # spills 8 bytes under the 72-register cap with NVRTC 13.2 (13.0: none; before, M=6 did)
+        "narrow_r3klc": Narrow(rows=3, cpt=2, threads=448, tokens=4, late=1, regs=72, exactk=7168),
         # 896 threads of one chunk per row (one CTA per SM: the block bound caps them at 72 registers):
         # E=384 M 3-9 and E=256 M 4-5, 9-10 after the plain producer (run 75); three rows stop at M=6:
         # from M=7 the generic body (K != 7168) spills under that cap
@@ -366,6 +366,12 @@ VARIANTS: dict[str, dict[str, GemmConfig]] = {
         "narrow_r7": Narrow(rows=7, cpt=1, threads=448, tokens=5, exactk=7168),
         # K = 6144 (GLM-5) in one round of 384 threads x 2 chunks, straight-line at E % 2 == 0
         "narrow_r2k6": Narrow(rows=2, cpt=2, threads=384, tokens=10, exactk=6144),
+        # the same to M=12 under a 104-register cap (384 x 104 fits beside the RMSNorm CTA's 768 x 32):
+        # GLM-5 M 11-12 after the PDL-aware producer, 0.85-0.90x direct_c8 (run 85)
+        "narrow_r2k6c": Narrow(rows=2, cpt=2, threads=384, tokens=12, regs=104, exactk=6144),
+        # one row, 224 threads x 4 chunks (K = 7168 in one round; 128-164 registers, no spills): a CTA fits
+        # beside the RMSNorm CTA (896 x 32); E=128 M 11-12 after the PDL-aware producer, 0.87-0.96x (run 85)
+        "narrow_r1t224": Narrow(rows=1, cpt=4, threads=224, tokens=16, exactk=7168),
         "ring_c8": Ring(tk=128, stages=8, warps=4, loaders=1, split=8),
         # one round of fragments in registers per lane; 8 warps of 4 blocks at split 8 (72 registers) were
         # within 1% of these everywhere (run 70)

@@ -24,9 +24,9 @@ namespace slim {
 
 __host__ __device__ constexpr int direct_smem_bytes(int nt, int warps) { return partials_bytes(1, nt, warps); }
 
-__device__ __forceinline__ void ldg_nc128_or_zero(const __nv_bfloat16* p, bool ok, unsigned (&v)[4]) {
+__device__ __forceinline__ void ldg_na128_or_zero(const __nv_bfloat16* p, bool ok, unsigned (&v)[4]) {
     if (ok) {
-        ldg_nc128(p, v);
+        ldg_na128(p, v);
     } else {
         v[0] = v[1] = v[2] = v[3] = 0u;
     }
@@ -65,8 +65,8 @@ __device__ __forceinline__ void direct_gemm(const __nv_bfloat16* __restrict__ ac
             const int b = b0 + r * PER_ROUND + i * WARPS + warp;
             const int k = b * 32 + 8 * t;
             kb[i] = b < b1 && k < K ? k : -1;
-            ldg_nc128_or_zero(w_lo + (kb[i] < 0 ? 0 : kb[i]), kb[i] >= 0 && lo_ok, v[i][0]);
-            ldg_nc128_or_zero(w_hi + (kb[i] < 0 ? 0 : kb[i]), kb[i] >= 0 && hi_ok, v[i][1]);
+            ldg_na128_or_zero(w_lo + (kb[i] < 0 ? 0 : kb[i]), kb[i] >= 0 && lo_ok, v[i][0]);
+            ldg_na128_or_zero(w_hi + (kb[i] < 0 ? 0 : kb[i]), kb[i] >= 0 && hi_ok, v[i][1]);
         }
         if (r == 0) pdl_wait();  // weights are parameters; the activation is the previous grid's output
 #pragma unroll
@@ -75,7 +75,7 @@ __device__ __forceinline__ void direct_gemm(const __nv_bfloat16* __restrict__ ac
             for (int n = 0; n < NT; ++n) {
                 const int tok = 8 * n + g;
                 const bool ok = kb[i] >= 0 && tok < M;
-                ldg_nc128_or_zero(act + (ok ? (long long)tok * lda + kb[i] : 0), ok, v[i][2 + n]);
+                ldg_na128_or_zero(act + (ok ? (long long)tok * lda + kb[i] : 0), ok, v[i][2 + n]);
             }
 #pragma unroll
         for (int i = 0; i < BPW; ++i) mma_block<1, NT>(acc, v[i]);

@@ -24,7 +24,7 @@
 #define SK_EXACTK 0  // narrow: the body compiled for K == SK_EXACTK (and M == SK_MT, E % SK_ROWS == 0)
 #endif
 #ifndef SK_PLAIN
-#define SK_PLAIN 0  // narrow: 1 = plain (coherent, L1-allocating) loads instead of ld.global.nc
+#define SK_PLAIN 0  // narrow: 1 = L1-allocating loads instead of L1::no_allocate
 #endif
 #ifndef SK_LATE
 #define SK_LATE 0  // narrow: 1 = the PDL trigger after the FMAs instead of at entry

@@ -9,7 +9,7 @@
 //    THREADS*CPT chunks at a time (one round covers K <= 8*CPT*THREADS).
 //  * Tokens are read after the wait, in batches of up to 8 whose loads all issue before their fp32
 //    FMAs (CUDA cores; ROWS*M*K per CTA is small for few rows and tokens).
-//  * Loads go through ld.global.nc.L1::no_allocate, or (PLAIN) the coherent L1-allocating path.
+//  * Loads are coherent ld.global.L1::no_allocate (ptx.cuh: why not .nc), or (PLAIN) L1-allocating.
 //    After a PDL-aware producer PLAIN is 0.05-0.16 us faster for one row per CTA at M 2-4; after a
 //    PDL-unaware one it is 0.05-0.25 us slower (H200 runs 47-48, benchmark/results/h200/NOTES_kernels.md).
 //  * EXACT > 0: the caller checked K == EXACT, M == MT and N % ROWS == 0 (its own instance), so the round loop, the
@@ -46,7 +46,7 @@ __device__ __forceinline__ void narrow_load(const __nv_bfloat16* p, unsigned (&v
     if constexpr (PLAIN) {
         ldg128(p, v);
     } else {
-        ldg_nc128(p, v);
+        ldg_na128(p, v);
     }
 }
 

@@ -47,9 +47,13 @@ __device__ __forceinline__ void ldsm_x4(unsigned addr, unsigned (&v)[4]) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                  : "=r"(v[0]), "=r"(v[1]), "=r"(v[2]), "=r"(v[3]) : "r"(addr));
 }
-// 16-byte global load that bypasses L1 (read-only data: weights and activations).
-__device__ __forceinline__ void ldg_nc128(const void* p, unsigned (&v)[4]) {
-    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+// 16-byte global load that does not allocate in L1 (weights and activations are read once per CTA).
+// Coherent, not ld.global.nc: ptxas keeps coherent loads in program order around griddepcontrol.wait,
+// but not .nc ones. With .nc it sank the wait below the activation loads (direct, narrow_r7: a read
+// of the previous grid's output before it is complete) and hoisted it above the weight loads
+// (narrow: no weight prefetch under PDL); tests/test_kernels_gpu.py has the early-trigger producer.
+__device__ __forceinline__ void ldg_na128(const void* p, unsigned (&v)[4]) {
+    asm volatile("ld.global.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];\n"
                  : "=r"(v[0]), "=r"(v[1]), "=r"(v[2]), "=r"(v[3]) : "l"(p));
 }
 
