@@ -48,20 +48,25 @@ def cuobjdump() -> str:
 
 def sass_functions(binary: str) -> dict[str, collections.Counter]:
     """function name -> Counter of SASS opcodes (predicates and modifiers stripped)."""
+    return {name: collections.Counter(ops) for name, ops in sass_sequences(binary).items()}
+
+
+def sass_sequences(binary: str) -> dict[str, list[str]]:
+    """function name -> its SASS opcodes in code order (predicates and modifiers stripped)."""
     proc = subprocess.run([cuobjdump(), "-sass", binary], capture_output=True, text=True)
     if proc.returncode:  # e.g. no nvdisasm next to it (pip nvidia-cuda-nvdisasm), which -sass runs
         raise SystemExit(f"cuobjdump -sass {binary} failed: {proc.stderr.strip()[-300:]}")
     text = proc.stdout
-    out: dict[str, collections.Counter] = {}
+    out: dict[str, list[str]] = {}
     current = None
     for line in text.splitlines():
         f = _FUNC.search(line)
         if f:
-            current = out.setdefault(f.group(1), collections.Counter())
+            current = out.setdefault(f.group(1), [])
             continue
         m = _INSN.match(line)
         if m and current is not None:
-            current[m.group(1)] += 1
+            current.append(m.group(1))
     return out
 
 
@@ -76,22 +81,27 @@ def row(name: str, regs, spills, ops: collections.Counter) -> list:
     return [name, regs, spills, total] + [sum(ops[o] for o in group) for group in CLASSES.values()]
 
 
+def instance_sass(op: str, cfg, m: int, out_dtype: str, compiler: str):
+    """(cache entry, SASS opcodes in code order) of ``cfg``'s instance for M (the tuned shape)."""
+    entry = cache.get_entry(cfg.instance(op, m, out_dtype), "9.0a", compiler)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "k.cubin")
+        with open(path, "wb") as f:
+            f.write(entry.cubin)
+        return entry, next(iter(sass_sequences(path).values()))
+
+
 def instance_rows(op: str, variants: list[str], ms: list[int], out_dtype: str, compiler: str) -> list[list]:
     rows = []
-    with tempfile.TemporaryDirectory() as tmp:
-        for name in variants:
-            cfg = cat.VARIANTS[op].get(name) or cat.parse_config(name)
-            for m in ms:
-                if not cat.variant_serves(cfg, op, m):
-                    continue
-                entry = cache.get_entry(cfg.instance(op, m, out_dtype), "9.0a", compiler)
-                path = os.path.join(tmp, "k.cubin")
-                with open(path, "wb") as f:
-                    f.write(entry.cubin)
-                ops = next(iter(sass_functions(path).values()))
-                usage = entry.usage
-                rows.append(row(f"{name} M={m}", usage.registers if usage else "?",
-                                usage.spill_bytes if usage else "?", ops))
+    for name in variants:
+        cfg = cat.VARIANTS[op].get(name) or cat.parse_config(name)
+        for m in ms:
+            if not cat.variant_serves(cfg, op, m):
+                continue
+            entry, ops = instance_sass(op, cfg, m, out_dtype, compiler)
+            usage = entry.usage
+            rows.append(row(f"{name} M={m}", usage.registers if usage else "?",
+                            usage.spill_bytes if usage else "?", collections.Counter(ops)))
     return rows
 
 

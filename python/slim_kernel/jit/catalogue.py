@@ -99,7 +99,7 @@ class Narrow:
     cpt: int = 2  # 16-byte chunks per thread per row and round (compile-time)
     threads: int = 448  # block size (compile-time: K = 7168 is one round of 448 x 2 chunks)
     tokens: int = 16  # the largest M served (1..16): one instance per M
-    plain: int = 0  # 1: plain loads instead of ld.global.nc.L1::no_allocate (compile-time; narrow_gemm.cuh)
+    plain: int = 0  # 1: L1-allocating loads instead of L1::no_allocate (compile-time; narrow_gemm.cuh)
     late: int = 0  # 1: the PDL trigger after the FMAs instead of at entry (compile-time)
     regs: int = 0  # a register cap (compile-time; 0: none; with exactk, of the straight-line instances only)
     exactk: int = 0  # K of the straight-line instances (exact_for; compile-time; 0: none)
