@@ -341,8 +341,8 @@ VARIANTS: dict[str, dict[str, GemmConfig]] = {
         "skinny_c4": Skinny(rt=1, stages=8, warps=4, split=4),
         # K = 7168 (DeepSeek-V3) with E % rows == 0 gets a straight-line instance
         # (exact_for); other shapes the generic one. A 72-register cap lets a CTA fit beside flashinfer's
-        # RMSNorm CTA (896 threads x 32 registers), so the weight prologue overlaps a PDL-aware producer
-        # (run 55); spill-free up to these M (one row uncapped at M 9-16, 96-124 registers, lost by
+        # RMSNorm CTA (896 threads x 32 registers): faster after a PDL-aware producer (run 55, when ptxas
+        # still issued the weight loads after the PDL wait: ptx.cuh); spill-free up to these M (one row uncapped at M 9-16, 96-124 registers, lost by
         # 1.5-5.5 µs: run 61). g: plain loads; l: the PDL trigger after the FMAs.
         "narrow_r1kc": Narrow(rows=1, cpt=2, threads=448, tokens=10, regs=72, exactk=7168),
         "narrow_r1gkc": Narrow(rows=1, cpt=2, threads=448, tokens=10, plain=1, regs=72, exactk=7168),
@@ -366,11 +366,11 @@ VARIANTS: dict[str, dict[str, GemmConfig]] = {
         "narrow_r7": Narrow(rows=7, cpt=1, threads=448, tokens=5, exactk=7168),
         # K = 6144 (GLM-5) in one round of 384 threads x 2 chunks, straight-line at E % 2 == 0
         "narrow_r2k6": Narrow(rows=2, cpt=2, threads=384, tokens=10, exactk=6144),
-        # the same to M=12 under a 104-register cap (384 x 104 fits beside the RMSNorm CTA's 768 x 32):
-        # GLM-5 M 11-12 after the PDL-aware producer, 0.85-0.90x direct_c8 (run 85)
+        # the same to M=12 under a 104-register cap: GLM-5 M 11-12 after the PDL-aware producer, 0.85-0.90x
+        # direct_c8 (run 85; M=10 is slower after it than after the plain one, unexplained: NOTES_kernels.md)
         "narrow_r2k6c": Narrow(rows=2, cpt=2, threads=384, tokens=12, regs=104, exactk=6144),
-        # one row, 224 threads x 4 chunks (K = 7168 in one round; 128-164 registers, no spills): a CTA fits
-        # beside the RMSNorm CTA (896 x 32); E=128 M 11-12 after the PDL-aware producer, 0.87-0.96x (run 85)
+        # one row, 224 threads x 4 chunks (K = 7168 in one round; 128-164 registers, no spills): E=128 M 11-12
+        # after the PDL-aware producer, 0.87-0.96x direct_c8 (run 85)
         "narrow_r1t224": Narrow(rows=1, cpt=4, threads=224, tokens=16, exactk=7168),
         "ring_c8": Ring(tk=128, stages=8, warps=4, loaders=1, split=8),
         # one round of fragments in registers per lane; 8 warps of 4 blocks at split 8 (72 registers) were

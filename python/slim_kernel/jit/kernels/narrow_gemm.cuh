@@ -10,8 +10,8 @@
 //  * Tokens are read after the wait, in batches of up to 8 whose loads all issue before their fp32
 //    FMAs (CUDA cores; ROWS*M*K per CTA is small for few rows and tokens).
 //  * Loads are coherent ld.global.L1::no_allocate (ptx.cuh: why not .nc), or (PLAIN) L1-allocating.
-//    After a PDL-aware producer PLAIN is 0.05-0.16 us faster for one row per CTA at M 2-4; after a
-//    PDL-unaware one it is 0.05-0.25 us slower (H200 runs 47-48, benchmark/results/h200/NOTES_kernels.md).
+//    After a PDL-aware producer PLAIN was 0.05-0.16 us faster for one row per CTA at M 2-4, after a
+//    PDL-unaware one 0.05-0.25 us slower (H200 runs 47-48, when only PLAIN kept the weight loads before the wait).
 //  * EXACT > 0: the caller checked K == EXACT, M == MT and N % ROWS == 0 (its own instance), so the round loop, the
 //    chunk, row and token predicates and the per-token branches fold away (a straight-line body,
 //    as sglang's tiny_gemm is by being compiled per K, N and M). K alone: 0.05-0.2 us faster at
