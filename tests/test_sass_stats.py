@@ -9,7 +9,6 @@ import pytest
 
 from slim_kernel.jit import cache
 from slim_kernel.jit import catalogue as cat
-from slim_kernel.names import ROUTER
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmark"))
 import sass_stats  # noqa: E402
@@ -39,25 +38,37 @@ def test_bad_arguments_are_refused(capsys):
     assert "--out-dtype" in capsys.readouterr().err
 
 
-# Every configuration that loads through registers: one round's weight loads per thread before the
-# PDL wait (ACQBULK), every activation load after it. ptxas keeps that order only for coherent loads
-# (kernels/ptx.cuh); with ld.global.nc it put the wait before the weights (narrow: 0 loads before it)
-# or after the activations (direct: 21 at M=4, narrow_r7: 11).
-REGISTER_LOADERS = [name for name, cfg in cat.VARIANTS[ROUTER].items() if cfg.kernel in ("narrow", "direct")]
+# Every configuration whose weight and activation loads share a thread: the weight loads of one round
+# (narrow, direct: into registers) or of the ring's first STAGES-1 blocks (skinny: cp.async) before the
+# PDL wait (ACQBULK), every activation load after it. ptxas keeps that order for coherent loads and
+# cp.async, not for ld.global.nc (kernels/ptx.cuh): with .nc it put the wait before the weights (narrow:
+# 0 loads before it) or after the activations (direct_c8: 21 at M=4, narrow_r7: 11). ring and stream
+# load weights and activations from different warps (one branch waits, the other does not).
+SHARED_LOADERS = [(op, name) for op in cat.VARIANTS for name, cfg in cat.VARIANTS[op].items()
+                  if cfg.kernel in ("narrow", "direct", "skinny")]
+
+
+def _weight_loads_before_wait(cfg, m: int) -> tuple[str, int]:
+    """(SASS opcode, count) of one thread's weight loads that must precede the PDL wait."""
+    if cfg.kernel == "narrow":
+        return "LDG", cfg.rows * cfg.cpt
+    if cfg.kernel == "direct":
+        return "LDG", 2 * cfg.bpw
+    return "LDGSTS", (cfg.stages_for(m) - 1) * 2 * cfg.rt
 
 
 @pytest.mark.needs_compiler("nvrtc")
-@pytest.mark.parametrize("variant", REGISTER_LOADERS)
-def test_weights_load_before_the_pdl_wait_and_activations_after(variant, tmp_path, monkeypatch):
+@pytest.mark.parametrize("op,variant", SHARED_LOADERS)
+def test_weights_load_before_the_pdl_wait_and_activations_after(op, variant, tmp_path, monkeypatch):
     monkeypatch.setenv(cache.ENV_CACHE_DIR, str(tmp_path))
     cache.clear_memory()
-    cfg = cat.VARIANTS[ROUTER][variant]
-    weights = cfg.rows * cfg.cpt if cfg.kernel == "narrow" else 2 * cfg.bpw  # per thread and round
+    cfg = cat.VARIANTS[op][variant]
     try:
         for m in sorted({1, cfg.max_m()}):
-            _, ops = sass_stats.instance_sass(ROUTER, cfg, m, "float32", "nvrtc")
+            _, ops = sass_stats.instance_sass(op, cfg, m, cat.OUT_DTYPES[op][0], "nvrtc")
             assert ops.count("ACQBULK") == 1, f"{variant} M={m}: {ops.count('ACQBULK')} PDL waits"
-            before = ops[:ops.index("ACQBULK")].count("LDG")
-            assert before == weights, f"{variant} M={m}: {before} global loads before the PDL wait, want {weights}"
+            opcode, weights = _weight_loads_before_wait(cfg, m)
+            before = ops[:ops.index("ACQBULK")].count(opcode)
+            assert before == weights, f"{variant} M={m}: {before} {opcode} before the PDL wait, want {weights}"
     finally:
         cache.clear_memory()
