@@ -5,7 +5,8 @@ float64 reference with poisoned outputs: M 1..16 every value (and 17..64 where t
 it), every model shape of slim_kernel/models.py and shapes off that list (other E, N and K),
 fp32/bf16 out, PDL on, off and auto; then
 bit-identical repeats, CUDA-graph capture, row-strided and column-sliced activations,
-activations written by the kernel right before the GEMM, tails and odd shapes.
+activations written by the kernel right before the GEMM, activations written late by a producer
+that lets the GEMM launch early (PDL), tails and odd shapes.
 """
 
 from __future__ import annotations
@@ -157,10 +158,7 @@ def test_cuda_graph_capture_and_producer_written_activations(op, variant, pdl, u
 
     def step():
         torch.mul(src, 2.0, out=x)  # the kernel that writes the activation, right before the GEMM
-        if op == ROUTER:
-            slim_kernel.dsv3_router_gemm(x, w, torch.float32, output=out, backend="jit")
-        else:
-            slim_kernel.dsv3_fused_a_gemm(x, w.t(), output=out, backend="jit")
+        _gemm_into(op, x, w, out)
 
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())

@@ -342,8 +342,9 @@ VARIANTS: dict[str, dict[str, GemmConfig]] = {
         # K = 7168 (DeepSeek-V3) with E % rows == 0 gets a straight-line instance
         # (exact_for); other shapes the generic one. A 72-register cap lets a CTA fit beside flashinfer's
         # RMSNorm CTA (896 threads x 32 registers): faster after a PDL-aware producer (run 55, when ptxas
-        # still issued the weight loads after the PDL wait: ptx.cuh); spill-free up to these M (one row uncapped at M 9-16, 96-124 registers, lost by
-        # 1.5-5.5 µs: run 61). g: plain loads; l: the PDL trigger after the FMAs.
+        # still issued the weight loads after the PDL wait: ptx.cuh); spill-free up to these M (one row
+        # uncapped at M 9-16, 96-124 registers, lost by 1.5-5.5 µs: run 61). g: L1-allocating loads;
+        # l: the PDL trigger after the FMAs.
         "narrow_r1kc": Narrow(rows=1, cpt=2, threads=448, tokens=10, regs=72, exactk=7168),
         "narrow_r1gkc": Narrow(rows=1, cpt=2, threads=448, tokens=10, plain=1, regs=72, exactk=7168),
         "narrow_r2kc": Narrow(rows=2, cpt=2, threads=448, tokens=7, regs=72, exactk=7168),
