@@ -48,6 +48,8 @@ done < <(python3 benchmark/warm_flashinfer.py --list 2>/dev/null | grep -v unava
 stamp "installing slim-kernel"
 python3 -m pip install -q --no-build-isolation --no-deps . 2>&1 | tail -5
 (cd /tmp && python3 -m slim_kernel info) >"$LOG" 2>&1; head -12 "$LOG"
+# every JIT instance, in parallel, into the cache the tests and benchmarks use (else each compiles on first call)
+python3 -m slim_kernel precompile --no-progress >>/tmp/warm.log 2>&1 & warm_pids+=($!)
 stamp "waiting for the flashinfer / sglang modules"; wait "${warm_pids[@]}"; tee -a "$LOG" </tmp/warm.log
 
 summary=()

@@ -46,15 +46,17 @@ def winner(ratio: float, best_anchor: str) -> str:
     return "slim-kernel" if ratio < 1 - TIE else "tie" if ratio <= 1 + TIE else best_anchor
 
 
-def candidates(op: str, us: dict, m: int) -> dict:
-    """Table candidates of one decode-step row: our columns (JIT configurations no longer in the
-    catalogue, or no longer serving this M, and unknown flashinfer programs left out)."""
+def candidates(op: str, us: dict, shape: dict) -> dict:
+    """Table candidates of one decode-step row (``shape``: its N or E, K and M): our columns (JIT
+    configurations no longer in the catalogue, or no longer serving this M at this shape, and
+    unknown flashinfer programs left out)."""
+    m, nk = shape["m"], (shape.get("e", shape.get("n")), shape["k"])
     out = {}
     for name, value in us.items():
         if value is None or is_anchor(name) or name.startswith("default"):
             continue
         backend, _, variant = name.partition(":")
-        if backend == "jit" and not (variant in VARIANTS[op] and variant_serves(VARIANTS[op][variant], op, m)):
+        if backend == "jit" and not (variant in VARIANTS[op] and variant_serves(VARIANTS[op][variant], op, m, nk)):
             continue
         if backend == "flashinfer" and variant and variant not in FLASHINFER_PROGRAMS:
             continue
@@ -72,7 +74,7 @@ def table_entries(report: dict) -> list[dict]:
     version = report["versions"].get("flashinfer", "not installed")
     entries = []
     for row in _decode_rows(report):
-        us = candidates(row["op"], row["us"], row["shape"]["m"])
+        us = candidates(row["op"], row["us"], row["shape"])
         if us and not row.get("unnamed"):
             entries.append({"op": row["op"], "shape": {k: v for k, v in row["shape"].items() if k != "m"},
                             "m": row["shape"]["m"], "flashinfer": version, "pdl": row["producer"] == "pdl", "us": us})
@@ -103,10 +105,18 @@ def merge_reports(reports: list[dict]) -> list[dict]:
     return list(merged.values())
 
 
-def build_table(reports: list[dict], old: dict | None, generated_by: str) -> dict:
+def _entry_key(e: dict) -> tuple:
+    return e["op"], json.dumps(e["shape"], sort_keys=True), e["m"], e["flashinfer"], e["pdl"]
+
+
+def build_table(reports: list[dict], old: dict | None, generated_by: str, per_point: bool = False) -> dict:
+    """The table of ``reports``' named rows; of ``old``, the entries of other flashinfer versions, or
+    with ``per_point`` every entry at a point the reports did not measure (a run of a few shapes
+    refining a table)."""
     new = [e for r in reports for e in table_entries(r)]
-    versions = {e["flashinfer"] for e in new}
-    kept = [e for e in (old or {}).get("entries", []) if e["flashinfer"] not in versions]
+    versions, points = {e["flashinfer"] for e in new}, {_entry_key(e) for e in new}
+    kept = [e for e in (old or {}).get("entries", [])
+            if (_entry_key(e) not in points if per_point else e["flashinfer"] not in versions)]
     sources = {**(old or {}).get("sources", {}), **{r["versions"].get("flashinfer", "not installed"): r["command"]
                                                     for r in reports}}
     entries = sorted(kept + new, key=lambda e: (e["op"], sorted(e["shape"].items()), e["m"], e["flashinfer"],

@@ -114,8 +114,8 @@ def _nan(shape, dtype):
 @pytest.mark.parametrize("variant", list(cat.VARIANTS[ROUTER]))
 def test_router_aot_matches_jit_bitwise(gen, m, e, out_dtype, pdl, variant, pdl_knob):
     cfg = cat.VARIANTS[ROUTER][variant]
-    if m > cfg.max_m():
-        pytest.skip(f"{variant} serves M <= {cfg.max_m()}")
+    if m > cfg.max_m((e, K)):
+        pytest.skip(f"{variant} serves M <= {cfg.max_m((e, K))} at E={e}")
     h, w = randn((m, K), gen, device="cuda"), randn((e, K), gen, device="cuda")
     out_jit, out_aot, out_op = _nan((m, e), out_dtype), _nan((m, e), out_dtype), _nan((m, e), out_dtype)
     launched = _launch_both(ROUTER, cfg, out_jit, out_aot, h, w.data_ptr(), w.stride(0), e, pdl)
@@ -134,8 +134,8 @@ def test_router_aot_matches_jit_bitwise(gen, m, e, out_dtype, pdl, variant, pdl_
 def test_fused_a_aot_matches_jit_bitwise(gen, m, pdl, variant, pdl_knob):
     n = 2112
     cfg = cat.VARIANTS[FUSED_A][variant]
-    if m > cfg.max_m():
-        pytest.skip(f"{variant} serves M <= {cfg.max_m()}")
+    if m > cfg.max_m((n, K)):
+        pytest.skip(f"{variant} serves M <= {cfg.max_m((n, K))}")
     a, w = randn((m, K), gen, device="cuda"), randn((n, K), gen, device="cuda")
     mat_b = w.t()  # (K, N) column-major
     out_jit, out_aot, out_op = (_nan((m, n), torch.bfloat16) for _ in range(3))

@@ -64,6 +64,28 @@ def test_narrow_straight_line_instance_only_for_its_shape():
     assert generic == cat.Narrow(rows=2, tokens=16).instance(ROUTER, 5, "float32")  # the plain generic instance
 
 
+def test_generic_body_window_is_per_shape():
+    """generic_tokens: the generic body (any other shape) serves fewer M than the straight-line one;
+    selection, instances() and the instance itself agree on it, and a call past it falls back."""
+    cfg = cat.Narrow(rows=3, cpt=1, threads=896, tokens=9, generic_tokens=6, exactk=7168)
+    assert cfg.max_m() == cfg.max_m((384, 7168)) == 9
+    assert cfg.max_m((256, 7168)) == cfg.max_m((384, 4096)) == cfg.max_m(cat.ANY_SHAPE) == 6
+    assert cat.variant_serves(cfg, ROUTER, 9, (384, 7168)) and not cat.variant_serves(cfg, ROUTER, 7, (256, 7168))
+    with pytest.raises(ValueError, match="M <= 6"):
+        cfg.instance(ROUTER, 7, "float32", (256, 7168))
+    listed = cat.instances(ROUTER, cfg)
+    assert cfg.instance(ROUTER, 9, "float32") in listed and cfg.instance(ROUTER, 6, "float32", cat.ANY_SHAPE) in listed
+    assert not any("SK_EXACTK" not in dict(i.defines) and dict(i.defines)["SK_MT"] > 6 for i in listed)
+    for bad in (dict(generic_tokens=10), dict(generic_tokens=-1), dict(exactk=0, generic_tokens=2)):
+        with pytest.raises(ValueError, match="generic_tokens"):
+            cat.Narrow(**{**dict(rows=3, tokens=9, exactk=7168), **bad})
+    name = next(n for n, c in cat.VARIANTS[ROUTER].items() if getattr(c, "generic_tokens", 0))
+    real = cat.VARIANTS[ROUTER][name]
+    m, other = real.generic_tokens + 1, (real.rows * 64 + 1, real.exactk)
+    assert routed.config_for(ROUTER, m, name)[0] == name
+    assert routed.config_for(ROUTER, m, name, other)[0] == cat.FALLBACK_VARIANT
+
+
 def test_catalogue_lists_both_bodies_and_caps_only_the_straight_line_one():
     """precompile and the AOT baseline build what a call can launch: for an exact-K narrow
     configuration that is the straight-line instance and, for other shapes, the generic one."""
@@ -78,7 +100,8 @@ def test_catalogue_lists_both_bodies_and_caps_only_the_straight_line_one():
         if getattr(cfg, "exactk", 0):
             for m in range(1, cfg.max_m() + 1):
                 for shape in (None, cat.ANY_SHAPE):
-                    assert cfg.instance(ROUTER, m, "bfloat16", shape) in listed, (name, m, shape)
+                    if m <= cfg.max_m(shape):
+                        assert cfg.instance(ROUTER, m, "bfloat16", shape) in listed, (name, m, shape)
     assert not cat.Narrow(rows=2).exact_for(5, None)
 
 

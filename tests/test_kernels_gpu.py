@@ -85,8 +85,9 @@ def use_variant():
         jb.set_config(op, None)
 
 
-def _ms(cfg) -> list[int]:
-    return [m for m in SMALL_M + LARGE_M if m <= cfg.max_m()]
+def _ms(cfg, shape) -> list[int]:
+    """The M of the test's list that ``cfg`` serves at (N, K) ``shape``."""
+    return [m for m in SMALL_M + LARGE_M if m <= cfg.max_m(shape)]
 
 
 ROUTER_VARIANTS = list(cat.VARIANTS[ROUTER])
@@ -108,7 +109,7 @@ def test_router_matrix(e, k, out_dtype, variant, pdl, use_variant):
     cfg = use_variant(ROUTER, variant)
     gen = torch.Generator(device="cuda").manual_seed(e * 100003 + k)
     w = _rand(e, k, gen=gen)
-    for m in _ms(cfg):
+    for m in _ms(cfg, (e, k)):
         x = _rand(m, k, gen=gen)
         _check(_router(x, w, out_dtype), _ref(x, w), f"router[{variant}] M={m} E={e} K={k} {out_dtype}")
 
@@ -119,12 +120,15 @@ def test_fused_a_matrix(n, k, variant, pdl, use_variant):
     cfg = use_variant(FUSED_A, variant)
     gen = torch.Generator(device="cuda").manual_seed(n * 100003 + k)
     w = _rand(n, k, gen=gen)  # the (N, K) weight; the op takes its transpose (K, N) column-major
-    for m in _ms(cfg):
+    for m in _ms(cfg, (n, k)):
         a = _rand(m, k, gen=gen)
         _check(_fused_a(a, w.t()), _ref(a, w), f"fused_a[{variant}] M={m} N={n} K={k}")
 
 
 ALL_VARIANTS = [(ROUTER, v) for v in ROUTER_VARIANTS] + [(FUSED_A, v) for v in FUSED_A_VARIANTS]
+# the property tests' N: a router E that every narrow row count divides (840 = lcm(1..8)), so each
+# configuration with K = 7168 straight-line instances runs them
+PROPERTY_N = {ROUTER: 840, FUSED_A: 2112}
 
 
 def _call(op, x, w_nk):
@@ -137,8 +141,8 @@ def _call(op, x, w_nk):
 def test_repeated_runs_bit_identical(op, variant, pdl, use_variant):
     cfg = use_variant(op, variant)
     gen = torch.Generator(device="cuda").manual_seed(7)
-    w = _rand(256 if op == ROUTER else 2112, 7168, gen=gen)
-    for m in {1, 5, 8, cfg.max_m()} & set(_ms(cfg)):
+    w = _rand(PROPERTY_N[op], 7168, gen=gen)
+    for m in {1, 5, 8, cfg.max_m(tuple(w.shape))} & set(_ms(cfg, tuple(w.shape))):
         x = _rand(m, 7168, gen=gen)
         first = _call(op, x, w)
         for _ in range(10):
@@ -151,8 +155,8 @@ def test_cuda_graph_capture_and_producer_written_activations(op, variant, pdl, u
     # prologue overlaps the producer, and it must still read the x the producer wrote.
     cfg = use_variant(op, variant)
     gen = torch.Generator(device="cuda").manual_seed(11)
-    m = min(7, cfg.max_m())
-    w = _rand(384 if op == ROUTER else 2112, 7168, gen=gen)
+    w = _rand(PROPERTY_N[op], 7168, gen=gen)
+    m = min(7, cfg.max_m(tuple(w.shape)))
     src, x = _rand(m, 7168, gen=gen), torch.empty(m, 7168, device="cuda", dtype=torch.bfloat16)
     out = torch.empty(m, w.shape[0], device="cuda", dtype=torch.float32 if op == ROUTER else torch.bfloat16)
 
@@ -184,10 +188,10 @@ def test_pdl_reads_the_activation_after_an_early_triggering_producer(op, variant
     # the old x (ptxas moves .nc loads across the wait: ptx.cuh).
     cfg = use_variant(op, variant)
     gen = torch.Generator(device="cuda").manual_seed(12)
-    w = _rand(384 if op == ROUTER else 2112, 7168, gen=gen)
+    w = _rand(PROPERTY_N[op], 7168, gen=gen)
     writer = get_kernel(fx.early_writer(), torch.cuda.current_device())
     side = torch.cuda.Stream()  # a stream of its own, as in a captured graph (not the legacy default stream)
-    for m in [m for m in (1, 4, 8, 11, 16, 32) if m <= cfg.max_m()]:
+    for m in [m for m in (1, 4, 8, 11, 16, 32) if m <= cfg.max_m(tuple(w.shape))]:
         src, x = _rand(m, 7168, gen=gen), _rand(m, 7168, gen=gen)  # x: the old activation
         out = torch.full((m, w.shape[0]), float("nan"), device="cuda",
                          dtype=torch.float32 if op == ROUTER else torch.bfloat16)
@@ -208,7 +212,7 @@ def test_row_strided_and_column_sliced_views(op, variant, pdl, use_variant):
     gen = torch.Generator(device="cuda").manual_seed(200)
     k = 4096
     w = _rand(256 if op == ROUTER else 2112, k, gen=gen)
-    for m in {1, 3, cfg.max_m(), 12} & set(_ms(cfg)):
+    for m in {1, 3, cfg.max_m(tuple(w.shape)), 12} & set(_ms(cfg, tuple(w.shape))):
         buf = _rand(m + 3, k + 136, gen=gen)
         for x in (buf[2:2 + m, :k], buf[1:1 + m, 64:64 + k]):  # row stride k + 136; a 128-byte column offset
             assert m == 1 or not x.is_contiguous()
@@ -233,7 +237,7 @@ def test_tails_per_configuration(op, variant, use_variant):
     cfg = use_variant(op, variant)
     gen = torch.Generator(device="cuda").manual_seed(5)
     for m, n, k in [(1, 7, 40), (3, 24, 1000), (8, 100, 7176), (2, 520, 4104)]:
-        if m <= cfg.max_m():
+        if m <= cfg.max_m((n, k)):
             x, w = _rand(m, k, gen=gen), _rand(n, k, gen=gen)
             _check(_call(op, x, w), _ref(x, w), f"{op}[{variant}] M={m} N={n} K={k}")
 

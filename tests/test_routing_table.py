@@ -111,6 +111,15 @@ def test_make_routing_merges_runs_of_one_version_point_by_point():
     assert rows == {(1, "plain"): 2.0, (9, "plain"): 5.0, (2, "pdl"): 2.5}
     assert merged[0]["command"] == "full ; then narrow" and full["rows"][0]["us"]["default"] == 3.0
 
+    # a table: per version (make_routing: a version's runs replace it whole), or per point (the
+    # benchmark's run of a few shapes refining the installed table)
+    old = make_routing.build_table(merged, None, "old")
+    new = {"command": "new", "versions": {"flashinfer": "0.7.4"}, "rows": [row(9, "plain", {"default": 1.0, "torch": 7.0})]}
+    whole, refined = (make_routing.build_table([new], old, "new", per_point=p) for p in (False, True))
+    points = {(e["flashinfer"], e["m"], e["pdl"]): e["us"]["torch"] for e in refined["entries"]}
+    assert points == {("0.7.4", 1, False): 8.0, ("0.7.4", 9, False): 7.0, ("0.7.4", 2, True): 8.0}
+    assert {(e["flashinfer"], e["m"]) for e in whole["entries"]} == {("0.7.4", 9)}
+
 
 def test_info_json_carries_the_table():
     proc = subprocess.run([sys.executable, "-m", "slim_kernel", "info", "--json"], capture_output=True, text=True,

@@ -124,7 +124,7 @@ def candidates(point: Point, pdl: bool) -> dict:
         backend = spec.backend.value
         if backend == "jit":
             for name, cfg in cat.VARIANTS[op].items():
-                if cat.variant_serves(cfg, op, point.m):
+                if cat.variant_serves(cfg, op, point.m, (point.shape.n, point.shape.k)):
                     out[f"jit:{name}"] = target(args, name, pdl)
         elif backend == "flashinfer" and spec.prepare:
             out["flashinfer"] = target(args, None, pdl)
@@ -209,7 +209,7 @@ def precompile(points: list[tuple[models.Shape, int]], device) -> None:
     arch = arch_for_device(device.index)
     jobs = list(dict.fromkeys(
         (cfg.instance(s.op, m, s.out, (s.n, s.k)), arch)
-        for s, m in points for cfg in cat.VARIANTS[s.op].values() if cat.variant_serves(cfg, s.op, m)))
+        for s, m in points for cfg in cat.VARIANTS[s.op].values() if cat.variant_serves(cfg, s.op, m, (s.n, s.k))))
     compile_all(jobs, get_compiler().name, os.cpu_count() or 1, None)
 
 

@@ -51,7 +51,7 @@ def _prepare(op: str, output: torch.Tensor, act: torch.Tensor, n: int, ldw: int,
 
     m, k = act.shape
     dev = devices.index(act.device)  # the tensors' device: kernel, SM count, stream (slim_kernel/devices.py)
-    _, cfg = config_for(op, m, variant)
+    _, cfg = config_for(op, m, variant, (n, k))
     out_dtype = str(output.dtype).removeprefix("torch.")
     try:
         kernel = get_kernel(cfg.instance(op, m, out_dtype, (n, k)), dev)

@@ -70,7 +70,7 @@ class Skinny:
         _check(1 <= self.rt <= 8 and 2 <= self.stages <= 16 and 1 <= self.warps <= 10
                and 0 <= self.split <= MAX_SPLIT, self, f"need rt 1..8, stages 2..16, warps 1..10, split 0..{MAX_SPLIT}")
 
-    def max_m(self) -> int:
+    def max_m(self, shape: tuple[int, int] | None = None) -> int:
         return MAX_M
 
     def stages_for(self, m: int) -> int:
@@ -103,16 +103,22 @@ class Narrow:
     late: int = 0  # 1: the PDL trigger after the FMAs instead of at entry (compile-time)
     regs: int = 0  # a register cap (compile-time; 0: none; with exactk, of the straight-line instances only)
     exactk: int = 0  # K of the straight-line instances (exact_for; compile-time; 0: none)
+    generic_tokens: int = 0  # the largest M of the generic body (other shapes), where it spills past it (0: tokens)
 
     def __post_init__(self):
         _check(1 <= self.rows <= 8 and 1 <= self.cpt <= 4 and self.threads % 32 == 0 and 32 <= self.threads <= 1024
                and 1 <= self.tokens <= 16 and self.plain in (0, 1) and self.late in (0, 1)
                and (self.regs == 0 or 24 <= self.regs <= 255)
-               and self.exactk >= 0 and self.exactk % VEC == 0, self,
+               and self.exactk >= 0 and self.exactk % VEC == 0
+               and 0 <= self.generic_tokens <= self.tokens and (self.exactk or not self.generic_tokens), self,
                "need rows 1..8, cpt 1..4, threads a multiple of 32 in 32..1024, tokens 1..16, plain and late 0 "
-               f"or 1, regs 0 or 24..255, exactk 0 or a positive multiple of {VEC}")
+               f"or 1, regs 0 or 24..255, exactk 0 or a positive multiple of {VEC}, generic_tokens 0..tokens "
+               "(with exactk)")
 
-    def max_m(self) -> int:
+    def max_m(self, shape: tuple[int, int] | None = None) -> int:
+        """The largest M served at the call's (N, K) (None: the tuned shape)."""
+        if self.generic_tokens and not self.exact_for(1, shape):
+            return self.generic_tokens
         return self.tokens
 
     def lane_fill(self, k: int) -> float:
@@ -121,8 +127,8 @@ class Narrow:
         return chunks / (_cdiv(chunks, per_round) * per_round)
 
     def instance(self, op: str, m: int, out_dtype: str, shape: tuple[int, int] | None = None) -> KernelInstance:
-        if m > self.tokens:
-            raise ValueError(f"this narrow kernel serves M <= {self.tokens}, got M={m}")
+        if m > self.max_m(shape):
+            raise ValueError(f"this narrow kernel serves M <= {self.max_m(shape)} at this shape, got M={m}")
         exact = self.exact_for(m, shape)
         # The cap is for the straight-line body (where it was measured); under it the generic body
         # spills from M=4 on, so other shapes get the generic body uncapped.
@@ -165,7 +171,7 @@ class Ring:
                f"need tk a multiple of 32 in 32..512, stages 2..32, warps 1..8 dividing tk/32, loaders 1/2/4 "
                f"dividing tk/64, split 1..{MAX_SPLIT}")
 
-    def max_m(self) -> int:
+    def max_m(self, shape: tuple[int, int] | None = None) -> int:
         return 32  # past it (4 token tiles) the router's ring lost to skinny and cuBLAS by 1.5x (run 24)
 
     def _stage(self, m: int) -> int:  # ring_stage_bytes in kernels/ring_gemm.cuh
@@ -201,7 +207,7 @@ class Stream:
         _check(2 <= self.stages <= 64 and self.pieces in (1, 2) and self.rt in (1, 2), self,
                "need stages 2..64, pieces 1 or 2 and rt 1 or 2")
 
-    def max_m(self) -> int:
+    def max_m(self, shape: tuple[int, int] | None = None) -> int:
         return 32  # 4 token tiles (stream_gemm.cuh: NT <= 4)
 
     def _stage(self, m: int) -> int:  # stream_stage_bytes in kernels/stream_gemm.cuh
@@ -237,7 +243,7 @@ class Direct:
         _check(1 <= self.warps <= 8 and 1 <= self.bpw <= 16 and 1 <= self.split <= MAX_SPLIT, self,
                f"need warps 1..8, bpw 1..16, split 1..{MAX_SPLIT}")
 
-    def max_m(self) -> int:
+    def max_m(self, shape: tuple[int, int] | None = None) -> int:
         return 16  # two token tiles: a round's fragments live in registers
 
     def instance(self, op: str, m: int, out_dtype: str, shape: tuple[int, int] | None = None) -> KernelInstance:
@@ -348,14 +354,20 @@ VARIANTS: dict[str, dict[str, GemmConfig]] = {
         "narrow_r1kc": Narrow(rows=1, cpt=2, threads=448, tokens=10, regs=72, exactk=7168),
         "narrow_r1gkc": Narrow(rows=1, cpt=2, threads=448, tokens=10, plain=1, regs=72, exactk=7168),
         "narrow_r2kc": Narrow(rows=2, cpt=2, threads=448, tokens=7, regs=72, exactk=7168),
+        "narrow_r1kc80": Narrow(rows=1, cpt=2, threads=448, tokens=10, regs=80, exactk=7168),
+        "narrow_r2kc80": Narrow(rows=2, cpt=2, threads=448, tokens=7, regs=80, exactk=7168),
         "narrow_r2klc": Narrow(rows=2, cpt=2, threads=448, tokens=6, late=1, regs=72, exactk=7168),
         # M <= 4: with the weight loads kept before the PDL wait (ptx.cuh), its M=5 straight-line instance
         # spills 8 bytes under the 72-register cap with NVRTC 13.2 (13.0: none; before, M=6 did)
         "narrow_r3klc": Narrow(rows=3, cpt=2, threads=448, tokens=4, late=1, regs=72, exactk=7168),
         # 896 threads of one chunk per row (one CTA per SM: the block bound caps them at 72 registers):
-        # E=384 M 3-9 and E=256 M 4-5, 9-10 after the plain producer (run 75); three rows stop at M=6:
-        # from M=7 the generic body (K != 7168) spills under that cap
-        "narrow_r3t896": Narrow(rows=3, cpt=1, threads=896, tokens=6, exactk=7168),
+        # E=384 M 3-9 and E=256 M 4-5, 9-10 after the plain producer (run 75); three rows: 128 CTAs at
+        # E=384, one wave. From M=7 the generic body (K != 7168) spills under that cap, the straight-line
+        # one not to M=9
+        "narrow_r3t896": Narrow(rows=3, cpt=1, threads=896, tokens=9, generic_tokens=6, exactk=7168),
+        # the same geometry at E=896 (Kimi-K3): seven rows, 128 CTAs, one wave, every weight byte of an SM
+        # in flight at once (the generic body spills from M=2)
+        "narrow_r7t896": Narrow(rows=7, cpt=1, threads=896, tokens=4, generic_tokens=1, exactk=7168),
         "narrow_r2t896": Narrow(rows=2, cpt=1, threads=896, tokens=10, exactk=7168),
         # M 11-16 of narrow routers (E=128: 128 CTAs; K=6144 at E=256: 2 rows, 128 CTAs): one chunk per
         # thread keeps a token's FMA chain after the PDL wait half as long as two chunks per thread, and
@@ -398,9 +410,10 @@ VARIANTS: dict[str, dict[str, GemmConfig]] = {
 FALLBACK_VARIANT = "skinny"  # serves every M of both ops: the choice where nothing was measured
 
 
-def variant_serves(cfg: GemmConfig, op: str, m: int) -> bool:
-    """Whether ``cfg`` can launch for ``op`` at ``m`` within the device's shared memory."""
-    return op in cfg.ops and m <= cfg.max_m() and cfg.smem(m) <= MAX_SMEM
+def variant_serves(cfg: GemmConfig, op: str, m: int, shape: tuple[int, int] | None = None) -> bool:
+    """Whether ``cfg`` can launch for ``op`` at ``m`` and the call's (N, K) (None: the tuned shape)
+    within the device's shared memory."""
+    return op in cfg.ops and m <= cfg.max_m(shape) and cfg.smem(m) <= MAX_SMEM
 
 
 ANY_SHAPE = (0, 0)  # an (N, K) no straight-line instance serves (Narrow.exact_for): the generic body
@@ -415,6 +428,8 @@ def instances(op: str, cfg: GemmConfig, max_m: int = MAX_M, lo: int = 1) -> list
             continue
         for dt in OUT_DTYPES[op]:
             for shape in (None, ANY_SHAPE):
+                if m > cfg.max_m(shape):
+                    continue
                 inst = cfg.instance(op, m, dt, shape)
                 if inst not in seen:
                     seen.append(inst)

@@ -42,13 +42,14 @@ def set_config(op: str, text_or_rules) -> None:
     knobs.bump()
 
 
-def config_for(op: str, m: int, variant: str | None) -> tuple[str, cat.GemmConfig]:
-    """(label, config) serving ``op`` at ``m``: the rules in force, else ``variant``, else the fallback."""
+def config_for(op: str, m: int, variant: str | None, shape: tuple[int, int] | None = None) -> tuple[str, cat.GemmConfig]:
+    """(label, config) serving ``op`` at ``m`` and the call's (N, K): the rules in force, else ``variant``
+    where it serves there, else the fallback."""
     r = rules(op)
     if r is not None:
         return "rules", cat.rule_for(r, m)
     cfg = cat.VARIANTS[op].get(variant or "")
-    if cfg is not None and cat.variant_serves(cfg, op, m):
+    if cfg is not None and cat.variant_serves(cfg, op, m, shape):
         return variant, cfg
     return cat.FALLBACK_VARIANT, cat.VARIANTS[op][cat.FALLBACK_VARIANT]
 
@@ -109,7 +110,8 @@ def routed_instances(arch: str, shapes) -> list[tuple[str, KernelInstance]]:
     for shape in shapes:
         for m in range(1, cat.MAX_M + 1):
             for pdl in (True, False):
-                _, cfg = config_for(shape.op, m, routed_variant(shape.op, shape.key(), m, device, pdl))
+                _, cfg = config_for(shape.op, m, routed_variant(shape.op, shape.key(), m, device, pdl),
+                                    (shape.n, shape.k))
                 pair = (shape.op, cfg.instance(shape.op, m, shape.out, (shape.n, shape.k)))
                 if pair not in out:
                     out.append(pair)
