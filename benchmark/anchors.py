@@ -117,11 +117,3 @@ class Anchors:
             impls["torch"] = lambda o, x, w: F.linear(x, nk(w))
         return impls
 
-
-def warm_all(sglang_dir: str | None) -> None:
-    """Build every sglang module the GEMM benchmark times (benchmark/gpu_run.sh runs this in the background)."""
-    from slim_kernel import models
-
-    notes: list[str] = []
-    Anchors(notes, sglang_dir).warm_sglang(models.all_shapes())
-    print("sglang modules:", "; ".join(notes) or "built")

@@ -2,7 +2,7 @@
 
   python3 benchmark/bench_gemm.py --json OUT.json [--png OUT.png] [--sglang DIR] [--models all|NAME,...]
          [--router E,K,out ...] [--fused-a N,K ...] [--unnamed-router E,K,out ...] [--unnamed-fused-a N,K ...]
-         [--ms 1-16] [--large-ms LIST] [--table PATH] [--summary PATH] [--quick] [--dry-run] [--replot]
+         [--ms 1-16] [--large-ms LIST] [--unnamed-ms LIST] [--table PATH] [--summary PATH] [--quick] [--dry-run] [--replot]
 
 Per shape and M, after each producer (``plain``: a PDL-unaware kernel, candidates launched
 without PDL; ``pdl``: flashinfer's ``rmsnorm(enable_pdl=True)``, candidates with PDL), in the
@@ -232,11 +232,14 @@ def main(argv=None) -> int:
     ap.add_argument("--unnamed-fused-a", action="append", default=[], metavar="N,K")
     ap.add_argument("--ms", default="1-16", help="M values of the decode tables")
     ap.add_argument("--large-ms", default=",".join(map(str, LARGE_MS)), help="M past the anchors' window ('' for none)")
+    ap.add_argument("--unnamed-ms", help="M values of the --unnamed-* shapes (default: --ms and --large-ms)")
     ap.add_argument("--table", help="also write the regenerated routing table here")
     ap.add_argument("--summary", help="also write decode_step_summary.json here (rows of other versions kept)")
     ap.add_argument("--quick", action="store_true", help="M 1,8,16 and the first shape")
     ap.add_argument("--dry-run", action="store_true", help="no GPU: fake timings, for the report plumbing")
     ap.add_argument("--replot", action="store_true", help="no GPU: draw --png from the existing --json and stop")
+    ap.add_argument("--warm-anchors", action="store_true", help="only build the sglang modules these shapes time, and "
+                                                                 "stop (benchmark/gpu_run.sh: in the background)")
     args = ap.parse_args(argv)
     if args.replot:
         from types import SimpleNamespace
@@ -247,6 +250,11 @@ def main(argv=None) -> int:
     from slim_kernel.tune import parse_ms
 
     named, unnamed = shapes_from_args(args)
+    if args.warm_anchors:
+        notes: list[str] = []
+        Anchors(notes, args.sglang).warm_sglang(named + unnamed)
+        print("sglang modules:", "; ".join(notes) or "built")
+        return 0
     if args.dry_run:
         report, t0 = dry_run(named), time.time()
     else:
@@ -259,22 +267,25 @@ def main(argv=None) -> int:
         report.versions = {**anchors.versions(), "slim_kernel": __version__}
         ms = [1, 8, 16] if args.quick else parse_ms(args.ms)
         large = [] if args.quick or not args.large_ms else parse_ms(args.large_ms)
+        named_ms = sorted(set(ms + large))
+        unnamed_ms = parse_ms(args.unnamed_ms) if args.unnamed_ms else named_ms
+        unnamed = [s for s in unnamed if s not in named]
         anchors.warm_sglang(named + unnamed)
         gen = torch.Generator(device="cuda").manual_seed(0)
         from slim_kernel import tune
 
-        tune.precompile([(s, m) for s in named + unnamed for m in sorted(set(ms + large))],
-                        torch.device("cuda", torch.cuda.current_device()))
+        points = [(s, m) for s in named for m in named_ms] + [(s, m) for s in unnamed for m in unnamed_ms]
+        tune.precompile(points, torch.device("cuda", torch.cuda.current_device()))
         measured = []
         for shape in named + unnamed:
-            for m in sorted(set(ms + large)):
-                measured.append(measure_point(report, anchors, shape, m, gen, shape in unnamed and shape not in named))
+            for m in (unnamed_ms if shape in unnamed else named_ms):
+                measured.append(measure_point(report, anchors, shape, m, gen, shape in unnamed))
             Path(args.json).write_text(make_routing.dumps_table(report_dict(report), "rows"))  # so far, should a later step fail
             print(f"[bench] {shape.label()}: {len(report.rows)} rows, {time.time() - t0:.0f} s", flush=True)
         install_table(report_dict(report), Path(args.table) if args.table else None)
         measure_default(report, measured)
         if unnamed:
-            run_unnamed_tune(report, measured, unnamed, sorted(set(ms + large)))
+            run_unnamed_tune(report, measured, unnamed, unnamed_ms)
     report.seconds = time.time() - t0
     data = report_dict(report)
     Path(args.json).write_text(make_routing.dumps_table(data, "rows"))

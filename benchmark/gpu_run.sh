@@ -42,8 +42,8 @@ warm_pids=()
 while read -r step; do
   python3 benchmark/warm_flashinfer.py "$step" >>/tmp/warm.log 2>&1 & warm_pids+=($!)
 done < <(python3 benchmark/warm_flashinfer.py --list 2>/dev/null | grep -v unavailable)
-(cd benchmark && PYTHONPATH=../python${PYTHONPATH:+:$PYTHONPATH} python3 -c "from anchors import warm_all; warm_all('$SGL' or None)") \
-    >>/tmp/warm.log 2>&1 & warm_pids+=($!)
+(cd benchmark && PYTHONPATH=../python${PYTHONPATH:+:$PYTHONPATH} python3 bench_gemm.py --json /dev/null --warm-anchors \
+    ${SGL:+--sglang "$SGL"} ${BENCH_ARGS:-}) >>/tmp/warm.log 2>&1 & warm_pids+=($!)
 
 stamp "installing slim-kernel"
 python3 -m pip install -q --no-build-isolation --no-deps . 2>&1 | tail -5

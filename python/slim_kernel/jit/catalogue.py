@@ -354,8 +354,6 @@ VARIANTS: dict[str, dict[str, GemmConfig]] = {
         "narrow_r1kc": Narrow(rows=1, cpt=2, threads=448, tokens=10, regs=72, exactk=7168),
         "narrow_r1gkc": Narrow(rows=1, cpt=2, threads=448, tokens=10, plain=1, regs=72, exactk=7168),
         "narrow_r2kc": Narrow(rows=2, cpt=2, threads=448, tokens=7, regs=72, exactk=7168),
-        "narrow_r1kc80": Narrow(rows=1, cpt=2, threads=448, tokens=10, regs=80, exactk=7168),
-        "narrow_r2kc80": Narrow(rows=2, cpt=2, threads=448, tokens=7, regs=80, exactk=7168),
         "narrow_r2klc": Narrow(rows=2, cpt=2, threads=448, tokens=6, late=1, regs=72, exactk=7168),
         # M <= 4: with the weight loads kept before the PDL wait (ptx.cuh), its M=5 straight-line instance
         # spills 8 bytes under the 72-register cap with NVRTC 13.2 (13.0: none; before, M=6 did)
