@@ -166,6 +166,13 @@ def print_tables(data: dict) -> None:
                   f"{r['best_anchor_us']:>6.2f} {r['best_anchor'][:20]:<20}{r['ratio']:>6.2f}  {win}{tuned}")
 
 
+def replot(data: dict, path) -> None:
+    """``plot`` from a report's JSON (a run's, or make_routing's merge of several)."""
+    from types import SimpleNamespace
+
+    plot(SimpleNamespace(**{**data, "rows": [SimpleNamespace(**r) for r in data["rows"]]}), str(path))
+
+
 def plot(report, path: str) -> None:
     """A grid: one row per shape, the plain and PDL-aware producer side by side; the default path,
     our best candidate and every anchor vs M, with the floors."""
@@ -242,10 +249,7 @@ def main(argv=None) -> int:
                                                                  "stop (benchmark/gpu_run.sh: in the background)")
     args = ap.parse_args(argv)
     if args.replot:
-        from types import SimpleNamespace
-
-        data = json.loads(Path(args.json).read_text())
-        plot(SimpleNamespace(**{**data, "rows": [SimpleNamespace(**r) for r in data["rows"]]}), args.png)
+        replot(json.loads(Path(args.json).read_text()), args.png)
         return 0
     from slim_kernel.tune import parse_ms
 

@@ -1,6 +1,6 @@
 """From decode-step benchmark JSON to the shipped routing table and the at-a-glance summary.
 
-    python benchmark/make_routing.py                       # regenerate both from the committed runs
+    python benchmark/make_routing.py [--plots]             # regenerate both (and the plots) from the committed runs
     python benchmark/make_routing.py RESULTS.json [...] [--table PATH] [--summary PATH]
 
 RESULTS are ``bench_gemm.py`` JSONs (default: ``RESULTS`` below, the committed H200 runs, one per
@@ -34,7 +34,8 @@ SCHEMA = 1
 TIE = 0.02  # within 2%: what one run's repeat-to-repeat spread allows calling a tie
 TABLE = ROOT / "python" / "slim_kernel" / "tables" / "routing_sm90.json"
 RESULTS_DIR = ROOT / "benchmark" / "results" / "h200"
-RESULTS = ["bench_gemm_fi074.json", "bench_gemm_fi072.json"]  # the runs the shipped table comes from
+# the runs the shipped table comes from; a version's later files replace its earlier ones point by point
+RESULTS = ["bench_gemm_fi074.json", "bench_gemm_fi074_routers.json", "bench_gemm_fi072.json", "bench_gemm_fi072_routers.json"]
 SUMMARY = RESULTS_DIR / "decode_step_summary.json"
 
 
@@ -196,6 +197,8 @@ def main(argv=None) -> int:
                                                f"{RESULTS_DIR.relative_to(ROOT)})")
     ap.add_argument("--table", default=str(TABLE), help="routing table to write")
     ap.add_argument("--summary", help="decode_step_summary.json to write (default with no RESULTS: the committed one)")
+    ap.add_argument("--plots", action="store_true", help="also draw each flashinfer version's merged runs into the "
+                                                          "PNG named after its first RESULTS file (bench_gemm.py's plot)")
     ap.add_argument("--markdown", choices=("plain", "pdl"), help="print the summary as a markdown table of that "
                                                                   "producer's rows instead (nothing is written)")
     args = ap.parse_args(argv)
@@ -220,6 +223,16 @@ def main(argv=None) -> int:
             "schema": SCHEMA, "rows": [r for rep in reports for r in summary_rows(rep)]}
         summary.write_text(dumps_table(data, "rows"))
         print(f"{len(data['rows'])} summary rows -> {summary}")
+    if args.plots:
+        from bench_gemm import replot  # torch and matplotlib: only here
+
+        firsts = {}
+        for p in paths:
+            firsts.setdefault(json.loads(p.read_text())["versions"].get("flashinfer", "not installed"), p)
+        for rep in reports:
+            png = firsts[rep["versions"].get("flashinfer", "not installed")].with_suffix(".png")
+            replot(rep, png)
+            print(f"plot of {len(rep['rows'])} rows -> {png}")
     return 0
 
 
