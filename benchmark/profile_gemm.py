@@ -7,6 +7,11 @@ Everything is compiled and warmed up first; only the calls between cudaProfilerS
 profiled: for each case and M, each implementation runs REPEATS times on distinct cold weight
 copies (ncu also flushes the caches between kernels by default). Prints the kernel order to
 stderr so the CSV rows can be matched to implementations (``# label`` lines).
+
+``--after plain|pdl`` profiles the decode step's pair instead: a CUDA graph of that producer and the
+GEMM (the launch attributes as in the decode-step benchmark), replayed REPEATS times; run ncu with
+``--graph-profiling graph`` so each replay is one result, the producer's overlap with the GEMM
+included (a PM-sampling pass then shows when the GEMM's reads start against the producer's).
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from anchors import Anchors  # noqa: E402
 
-from slim_kernel import models, tune  # noqa: E402
+from slim_kernel import models, timing, tune  # noqa: E402
 
 REPEATS = 2
 METRICS = ",".join([
@@ -66,6 +71,8 @@ def main() -> int:
                     + " ".join(DEFAULT_CASES) + ")")
     ap.add_argument("--impls", default="", help="comma-separated names (jit:<variant>, flashinfer, torch, "
                                                  "anchor:<name>, producer:<plain|pdl>; default: all)")
+    ap.add_argument("--after", choices=("plain", "pdl"), help="profile graphs of that producer + each GEMM "
+                                                              "(ncu --graph-profiling graph)")
     ap.add_argument("--metrics", action="store_true", help="print the metric list for ncu and exit")
     args = ap.parse_args()
     if args.metrics:
@@ -80,7 +87,8 @@ def main() -> int:
     for shape, ms in cases:
         for m in ms:
             tp = tune.Point(shape, m, gen.device, gen)
-            impls = {**tune.candidates(tp, True), **{f"anchor:{k}": v for k, v in anchors.for_shape(shape, tp).items()}}
+            impls = {**tune.candidates(tp, args.after != "plain"),
+                     **{f"anchor:{k}": v for k, v in anchors.for_shape(shape, tp).items()}}
             # The producers too (`producer:pdl` = the RMSNorm the decode step runs before the GEMM):
             # their launch resources decide what of ours fits beside them on an SM.
             for k, produce in tp.producers.items():
@@ -91,7 +99,11 @@ def main() -> int:
                     calls = tp.calls(impls[name])[:REPEATS]
                     for call in calls:
                         call()  # warm-up: compile, plan, autotune outside the profiled range
-                    plan.append((f"{shape.label()} M={m} {name}", calls))
+                    if args.after and not name.startswith("producer:"):
+                        producer = tp.producers[args.after]
+                        calls = [graph.replay for graph in (timing.capture([producer, c]) for c in calls)]
+                    plan.append((f"{shape.label()} M={m} {name}" + (f" after {args.after}" if args.after else ""),
+                                 calls))
     torch.cuda.synchronize()
     torch.cuda.profiler.start()
     for label, calls in plan:
