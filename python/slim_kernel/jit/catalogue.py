@@ -358,13 +358,13 @@ VARIANTS: dict[str, dict[str, GemmConfig]] = {
         # M <= 4: with the weight loads kept before the PDL wait (ptx.cuh), its M=5 straight-line instance
         # spills 8 bytes under the 72-register cap with NVRTC 13.2 (13.0: none; before, M=6 did)
         "narrow_r3klc": Narrow(rows=3, cpt=2, threads=448, tokens=4, late=1, regs=72, exactk=7168),
-        # 896 threads of one chunk per row (one CTA per SM: the block bound caps them at 72 registers):
-        # E=384 M 3-9 and E=256 M 4-5, 9-10 after the plain producer (run 75); three rows: 128 CTAs at
-        # E=384, one wave. From M=7 the generic body (K != 7168) spills under that cap, the straight-line
-        # one not to M=9
+        # 896 threads of one chunk per row (one CTA per SM: the block bound caps them at 72 registers).
+        # Three rows: 128 CTAs at E=384, one wave: E=384 M 3-8 after the plain producer, M=7 at 0.87-0.90x
+        # flashinfer (runs 89/90). From M=7 the generic body (other shapes) spills under that cap, the
+        # straight-line one not to M=9: generic_tokens
         "narrow_r3t896": Narrow(rows=3, cpt=1, threads=896, tokens=9, generic_tokens=6, exactk=7168),
-        # the same geometry at E=896 (Kimi-K3): seven rows, 128 CTAs, one wave, every weight byte of an SM
-        # in flight at once (the generic body spills from M=2)
+        # the same geometry at E=896 (Kimi-K3): seven rows, 128 CTAs, one wave: E=896 M 1, 3-4 at
+        # 0.89-0.95x flashinfer (runs 89/90); the generic body spills from M=2
         "narrow_r7t896": Narrow(rows=7, cpt=1, threads=896, tokens=4, generic_tokens=1, exactk=7168),
         "narrow_r2t896": Narrow(rows=2, cpt=1, threads=896, tokens=10, exactk=7168),
         # M 11-16 of narrow routers (E=128: 128 CTAs; K=6144 at E=256: 2 rows, 128 CTAs): one chunk per
