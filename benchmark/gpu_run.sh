@@ -9,7 +9,7 @@
 # `none` to use what is installed. flashinfer and sglang are used as installed; SGLANG_KERNELS=DIR
 # names a directory holding sglang's JIT kernels (the `sglang` package's kernels/ tree) instead.
 #   BENCH_ARGS="--models kimi-k3 --ms 1-16 --large-ms="   narrows the bench stage (bench_gemm.py options; split on
-#       spaces, no quotes inside)
+#       spaces, no quotes inside); its shapes' sglang modules are built in the background during set-up
 #   TUNE_ARGS="--model kimi-k3"   what the tune stage measures (slim-kernel tune options; default: kimi-k3)
 #   TEST_K="stream"               narrows the tests stage (pytest -k)
 #   COLD_ARGS="--procs 8"         cold_start.py options of the cold stage (N ranks on one JIT cache; default one per GPU)
