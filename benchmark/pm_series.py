@@ -24,7 +24,8 @@ LABEL = re.compile(r"<default domain>:(.*?)(?::none)*\"?\s*$")
 
 
 def values(cell: str) -> list[float]:
-    """``'12 (0; 3.5; ...)'`` (a total, then the instance values) or ``'(0; 3.5)'`` -> the instance values."""
+    """``'12 (0; 3.5; ...)'`` (a total, then the instance values) or ``'(0; 3.5)'`` -> the instance values;
+    ValueError for a cell ncu could not fill (``no data``, ``n/a``: a result whose replay failed)."""
     inner = re.search(r"\(([^)]*)\)", cell)
     return [float(v) if v.strip() else 0.0 for v in (inner.group(1) if inner else cell).split(";")]
 
@@ -38,12 +39,17 @@ def kernels(rows: list[list[str]]) -> list[dict]:
     nvtx = next(i for name, i in head.items() if name.startswith("thread Domain:Push/Pop_Range"))
     out = []
     for r in rows[2:]:  # row 1: units
-        series = {key: values(r[head[name]]) for key, name in SERIES.items()}
+        try:
+            series = {key: values(r[head[name]]) for key, name in SERIES.items()}
+            duration = float(r[head["gpu__time_duration.sum"]])
+        except ValueError:
+            print(f"skipped (no samples: its replay failed?): {r[nvtx].strip()[:80]}", file=sys.stderr)
+            continue
         busy = [i for i, v in enumerate(series["dram_read_pct"]) if v > 0.5] or [0]
         lo, hi = max(busy[0] - 2, 0), busy[-1] + 3
         label = LABEL.search(r[nvtx])
         out.append({"nvtx": label.group(1) if label else r[nvtx].strip(), "kernel": r[head["Kernel Name"]][:60],
-                    "duration_us": float(r[head["gpu__time_duration.sum"]]),
+                    "duration_us": duration,
                     "interval_us": values(r[head["profiler__pmsampler_interval_time"]].split()[0])[0],
                     "samples_from": lo, **{k: [round(v, 2) for v in s[lo:hi]] for k, s in series.items()}})
     return out

@@ -28,20 +28,25 @@ def test_profile_cases_parse_and_reject():
             profile_gemm.parse_case(bad)
 
 
-def _pm_page(path: Path, dram: str) -> None:
+def _pm_page(path: Path, dram: str, failed: bool = False) -> None:
     head = ["ID", "thread Domain:Push/Pop_Range:PL_Type:PL_Value:CLR_Type:Color:Msg_Type:Msg", "Kernel Name",
             *pm_series.SERIES.values(), "gpu__time_duration.sum", "profiler__pmsampler_interval_time"]
     row = ["0", '12  "<default domain>:dsv3_router_gemm M=8 jit:direct_c8:none:none" ', "dsv3_router_gemm_kernel",
            dram, "(0; 1; 2; 3; 4; 5; 6; 7; 8)", "128 (0; 0; 0; 128; 0; 0; 0; 0; 0)", "6.43", "1.50 (1.50)"]
+    # a result whose replay failed (the driver's LaunchFailed under --graph-profiling graph, H200 run 91)
+    broken = ["1", '"<default domain>:M=10 after pdl:none"', "graph", "no data", "no data", "no data", "nan", "no data"]
     with open(path, "w", newline="") as f:
         w = csv.writer(f, quoting=csv.QUOTE_ALL)
-        w.writerows([head, [""] * len(head), row])
+        w.writerows([head, [""] * len(head), row] + ([broken] if failed else []))
 
 
-def test_pm_series_cuts_each_kernel_to_its_samples(tmp_path, capsys):
-    _pm_page(tmp_path / "pm.csv", "(0; 0; 0; 0.2; 5; 73; 0.4; 0; 0)")
+@pytest.mark.parametrize("failed", [False, True], ids=["clean", "with-a-failed-result"])
+def test_pm_series_cuts_each_kernel_to_its_samples(tmp_path, capsys, failed):
+    _pm_page(tmp_path / "pm.csv", "(0; 0; 0; 0.2; 5; 73; 0.4; 0; 0)", failed)
     assert pm_series.main(str(tmp_path / "pm.csv")) == 0
-    out = json.loads(capsys.readouterr().out)
+    captured = capsys.readouterr()
+    assert ("skipped" in captured.err and "M=10 after pdl" in captured.err) == failed
+    out = json.loads(captured.out)
     (k,) = out["kernels"]
     assert k["nvtx"] == "dsv3_router_gemm M=8 jit:direct_c8" and k["kernel"] == "dsv3_router_gemm_kernel"
     assert (k["duration_us"], k["interval_us"], k["samples_from"]) == (6.43, 1.5, 2)

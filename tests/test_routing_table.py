@@ -129,3 +129,19 @@ def test_info_json_carries_the_table():
     assert report["schema"] == 1
     tab = report["routing_tables"]["sm_90"]
     assert tab["entries"] == len(routing.table("sm_90").points) and "0.7.4" in tab["flashinfer_versions"]
+
+
+def test_make_routing_plots_each_versions_merged_runs(tmp_path):
+    """--plots: one PNG per flashinfer version, named after its first file, drawn from the merge."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmark"))
+    import bench_gemm
+    import make_routing
+
+    first, later = tmp_path / "run_a.json", tmp_path / "run_b.json"
+    assert bench_gemm.main(["--dry-run", "--json", str(first), "--models", "deepseek-v3"]) == 0
+    data = json.loads(first.read_text())
+    data["command"], data["rows"] = "a later run", data["rows"][:2]
+    later.write_text(json.dumps(data))
+    args = [str(first), str(later), "--table", str(tmp_path / "t.json"), "--summary", str(tmp_path / "s.json"), "--plots"]
+    assert make_routing.main(args) == 0
+    assert (tmp_path / "run_a.png").stat().st_size > 10_000 and not (tmp_path / "run_b.png").exists()
