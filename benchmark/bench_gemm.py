@@ -53,6 +53,7 @@ def shapes_from_args(args) -> tuple[list, list]:
     unnamed = [models.parse_router(t) for t in args.unnamed_router] + \
               [models.parse_fused_a(t) for t in args.unnamed_fused_a]
     named = list(dict.fromkeys(named))
+    unnamed = [s for s in dict.fromkeys(unnamed) if s not in named]  # a shape named too is measured as named
     return (named[:1] if args.quick else named), unnamed
 
 
@@ -229,7 +230,7 @@ def run_unnamed_tune(report, measured: list, unnamed: list, ms: list[int]) -> No
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--json", required=True)
+    ap.add_argument("--json", help="the report to write (required unless --warm-anchors)")
     ap.add_argument("--png")
     ap.add_argument("--sglang", help="a directory holding sglang's JIT kernels (else an installed sglang)")
     ap.add_argument("--models", default="all", help="'all', model names (comma-separated) or '' for none")
@@ -248,6 +249,8 @@ def main(argv=None) -> int:
     ap.add_argument("--warm-anchors", action="store_true", help="only build the sglang modules these shapes time, and "
                                                                  "stop (benchmark/gpu_run.sh: in the background)")
     args = ap.parse_args(argv)
+    if not args.json and not args.warm_anchors:
+        ap.error("--json is required")
     if args.replot:
         replot(json.loads(Path(args.json).read_text()), args.png)
         return 0
@@ -273,7 +276,6 @@ def main(argv=None) -> int:
         large = [] if args.quick or not args.large_ms else parse_ms(args.large_ms)
         named_ms = sorted(set(ms + large))
         unnamed_ms = parse_ms(args.unnamed_ms) if args.unnamed_ms else named_ms
-        unnamed = [s for s in unnamed if s not in named]
         anchors.warm_sglang(named + unnamed)
         gen = torch.Generator(device="cuda").manual_seed(0)
         from slim_kernel import tune

@@ -42,7 +42,7 @@ warm_pids=()
 while read -r step; do
   python3 benchmark/warm_flashinfer.py "$step" >>/tmp/warm.log 2>&1 & warm_pids+=($!)
 done < <(python3 benchmark/warm_flashinfer.py --list 2>/dev/null | grep -v unavailable)
-(cd benchmark && PYTHONPATH=../python${PYTHONPATH:+:$PYTHONPATH} python3 bench_gemm.py --json /dev/null --warm-anchors \
+(cd benchmark && PYTHONPATH=../python${PYTHONPATH:+:$PYTHONPATH} python3 bench_gemm.py --warm-anchors \
     ${SGL:+--sglang "$SGL"} ${BENCH_ARGS:-}) >>/tmp/warm.log 2>&1 & warm_pids+=($!)
 
 stamp "installing slim-kernel"

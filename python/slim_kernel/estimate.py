@@ -90,7 +90,7 @@ def body(op: str, candidate: str, n: int, k: int, m: int) -> str:
     """Which compiled body ``candidate`` runs at (N, K, M): narrow configurations have a straight-line
     one for their K alone (catalogue ``Narrow.exact_for``) and a generic one."""
     exact_for = getattr(_config(op, candidate), "exact_for", None)
-    return "exact" if exact_for is not None and exact_for(m, (n, k)) else ""
+    return "exact" if exact_for is not None and exact_for((n, k)) else ""
 
 
 def geometry_distance(op: str, candidate: str, a: tuple[int, int, int], b: tuple[int, int, int], sms: int) -> float:

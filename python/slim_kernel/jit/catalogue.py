@@ -117,7 +117,7 @@ class Narrow:
 
     def max_m(self, shape: tuple[int, int] | None = None) -> int:
         """The largest M served at the call's (N, K) (None: the tuned shape)."""
-        if self.generic_tokens and not self.exact_for(1, shape):
+        if self.generic_tokens and not self.exact_for(shape):
             return self.generic_tokens
         return self.tokens
 
@@ -129,7 +129,7 @@ class Narrow:
     def instance(self, op: str, m: int, out_dtype: str, shape: tuple[int, int] | None = None) -> KernelInstance:
         if m > self.max_m(shape):
             raise ValueError(f"this narrow kernel serves M <= {self.max_m(shape)} at this shape, got M={m}")
-        exact = self.exact_for(m, shape)
+        exact = self.exact_for(shape)
         # The cap is for the straight-line body (where it was measured); under it the generic body
         # spills from M=4 on, so other shapes get the generic body uncapped.
         regs = self.regs if exact or not self.exactk else 0
@@ -140,9 +140,9 @@ class Narrow:
         return _make(op, out_dtype, SK_FAMILY=1, SK_ROWS=self.rows, SK_MT=m, SK_CPT=self.cpt,
                      SK_THREADS=self.threads, **options)
 
-    def exact_for(self, m: int, shape: tuple[int, int] | None) -> bool:
-        """Whether (M, (N, K)) gets the straight-line instance (``shape`` None: the tuned shape, K = exactk):
-        K == exactk and N a multiple of rows (every instance is compiled for its exact M). Its registers are the
+    def exact_for(self, shape: tuple[int, int] | None) -> bool:
+        """Whether a call at (N, K) gets the straight-line instance (``shape`` None: the tuned shape, K = exactk):
+        K == exactk and N a multiple of rows (every instance is compiled for its exact M anyway). Its registers are the
         exact body's alone (a generic body beside it would set them: 84 against 72 at M=5), so it is its own instance."""
         return bool(self.exactk) and (
             shape is None or (shape[1] == self.exactk and shape[0] % self.rows == 0))
