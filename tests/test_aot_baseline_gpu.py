@@ -83,7 +83,7 @@ def _launch_both(op, cfg, out_jit, out_aot, act, w_ptr, ld_w, n, pdl):
     assert (op, key) in {(o, kk) for o, kk, _ in aot.instances()}, \
         f"{op} [{key}] is not in the baseline: rebuild it from these sources"
     grid, block, cluster = cfg.geometry(n, k, torch.cuda.get_device_properties(dev).multi_processor_count)
-    smem = cfg.smem(m)
+    smem = cfg.smem(m, (n, k))
     stream = torch.cuda.current_stream(dev).cuda_stream
     common = (m, n, k, act.stride(0) if m > 1 else k, ld_w)
     get_kernel(inst, dev).launch(grid, block, (act.data_ptr(), w_ptr, out_jit.data_ptr(), *common, out_jit.stride(0)),

@@ -56,11 +56,12 @@ def test_narrow_straight_line_instance_only_for_its_shape():
     def has_exact(m, shape):
         return "SK_EXACTK" in dict(exact.instance(ROUTER, m, "float32", shape).defines)
 
-    # K == exactk and E a multiple of rows; None = the tuned shape
+    # K fitted (exactk, or a smaller K of whole warps of chunks) and E a multiple of rows; None = the tuned shape
     assert all(has_exact(m, None) for m in (1, 5, 8, 9, 16))
     assert has_exact(5, (256, 7168)) and has_exact(5, (384, 7168)) and has_exact(12, (256, 7168))
-    assert not has_exact(5, (256, 4096)) and not has_exact(5, (255, 7168))
-    generic = exact.instance(ROUTER, 5, "float32", (256, 4096))
+    assert has_exact(5, (256, 4096))
+    assert not has_exact(5, (256, 4104)) and not has_exact(5, (255, 7168))
+    generic = exact.instance(ROUTER, 5, "float32", (256, 4104))
     assert generic == cat.Narrow(rows=2, tokens=16).instance(ROUTER, 5, "float32")  # the plain generic instance
 
 
@@ -69,7 +70,8 @@ def test_generic_body_window_is_per_shape():
     selection, instances() and the instance itself agree on it, and a call past it falls back."""
     cfg = cat.Narrow(rows=3, cpt=1, threads=896, tokens=9, generic_tokens=6, exactk=7168)
     assert cfg.max_m() == cfg.max_m((384, 7168)) == 9
-    assert cfg.max_m((256, 7168)) == cfg.max_m((384, 4096)) == cfg.max_m(cat.ANY_SHAPE) == 6
+    assert cfg.max_m((256, 7168)) == cfg.max_m((384, 4104)) == cfg.max_m(cat.ANY_SHAPE) == 6
+    assert cfg.max_m((384, 4096)) == 9  # fitted: 512 threads
     assert cat.variant_serves(cfg, ROUTER, 9, (384, 7168)) and not cat.variant_serves(cfg, ROUTER, 7, (256, 7168))
     with pytest.raises(ValueError, match="M <= 6"):
         cfg.instance(ROUTER, 7, "float32", (256, 7168))
@@ -103,6 +105,27 @@ def test_catalogue_lists_both_bodies_and_caps_only_the_straight_line_one():
                     if m <= cfg.max_m(shape):
                         assert cfg.instance(ROUTER, m, "bfloat16", shape) in listed, (name, m, shape)
     assert not cat.Narrow(rows=2).exact_for(None)
+
+
+def test_one_round_narrow_bodies_are_fitted_to_smaller_k():
+    wide = cat.VARIANTS[ROUTER]["narrow_r2t896"]  # 896 threads x 1 chunk: K = 7168 in one round
+    defines = dict(wide.instance(ROUTER, 3, "float32", (512, 4096)).defines)
+    assert defines["SK_EXACTK"] == 4096 and defines["SK_THREADS"] == 512  # every lane loads one chunk
+    assert wide.geometry(512, 4096, 132) == ((256, 1, 1), (512, 1, 1), None)
+    assert wide.smem(3, (512, 4096)) == 2 * 3 * 512 * 4 < wide.smem(3) == 2 * 3 * 896 * 4
+    assert wide.instance(ROUTER, 3, "float32", (512, 7168)) == wide.instance(ROUTER, 3, "float32")
+    # the K=6144 configuration's own instance is the K=7168 one's fitted to 6144
+    assert wide.instance(ROUTER, 5, "float32", (256, 6144)) == \
+        cat.VARIANTS[ROUTER]["narrow_r2t768k6"].instance(ROUTER, 5, "float32", (256, 6144))
+    for k in (4104, 8192, 0):  # not a whole number of warps of chunks, past the block, no K: generic body
+        assert wide.fitted_threads(k) == 0 and wide.block((512, k)) == 896
+        assert "SK_EXACTK" not in dict(wide.instance(ROUTER, 3, "float32", (512, k)).defines)
+    assert not wide.exact_for((511, 4096))  # N not a multiple of the rows
+    assert cat.VARIANTS[ROUTER]["narrow_r7"].fitted_threads(4096) == 0  # K = 7168 in two rounds: K alone
+    assert cat.VARIANTS[ROUTER]["narrow_r2k6"].fitted_threads(7168) == 0  # never past its own block
+    # the window follows the body: generic_tokens where the shape gets the generic one
+    r4 = cat.VARIANTS[ROUTER]["narrow_r4t896"]
+    assert r4.max_m((512, 4096)) == 16 and r4.max_m((512, 4104)) == r4.generic_tokens == 4
 
 
 def test_geometry():

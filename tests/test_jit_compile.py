@@ -33,7 +33,7 @@ TOOLCHAINS = ("nvcc", *(f"nvrtc-{v}" for v in NVRTC_VERSIONS))
 CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
 SHIPPED = [inst for _, inst in all_instances()]
-FIXTURES = [make() for make in fx.ALL]
+FIXTURES = [make() for make in fx.ALL] + fx.k_fitted()
 
 
 def _id(inst: KernelInstance) -> str:

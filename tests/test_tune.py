@@ -166,13 +166,14 @@ def test_estimate_weighs_measured_shapes_by_how_alike_the_candidates_grid_lands(
     ]}, "test")
     dec = estimate.estimate(ROUTER, {"e": 288, "k": 7168, "out": "float32"}, 8, False, H200, [tab], "0.7.4")
     assert dec.point.us[0][0] == "jit:direct_c8"
-    # narrow's straight-line body (K = 7168 only) never stands in for its generic one
+    # narrow's straight-line body (K = 7168 and the smaller K it is fitted to) never stands in for its generic one
     assert estimate.body(ROUTER, "jit:narrow_r1kc", 256, 7168, 4) == "exact"
-    assert estimate.body(ROUTER, "jit:narrow_r1kc", 256, 6144, 4) == ""
+    assert estimate.body(ROUTER, "jit:narrow_r1kc", 256, 6144, 4) == "exact"  # fitted: 384 threads
+    assert estimate.body(ROUTER, "jit:narrow_r1kc", 256, 6152, 4) == ""
     tab = routing.Table({"schema": 1, "arch": "sm_90", "entries": [
         _entry(4, us={"jit:narrow_r1kc": 2.0, "torch": 6.0}, shape={"e": 256, "k": 7168, "out": "float32"}),
         _entry(4, us={"jit:narrow_r1kc": 2.5, "torch": 6.0}, shape={"e": 384, "k": 7168, "out": "float32"})]}, "t")
-    dec = estimate.estimate(ROUTER, {"e": 256, "k": 5120, "out": "float32"}, 4, False, H200, [tab], "0.7.4")
+    dec = estimate.estimate(ROUTER, {"e": 256, "k": 5128, "out": "float32"}, 4, False, H200, [tab], "0.7.4")
     assert [c for c, _ in dec.point.us] == ["torch"]
 
 
@@ -197,14 +198,19 @@ def test_idle_lanes_of_a_narrow_round_make_a_shape_less_alike():
     from slim_kernel import estimate
     from slim_kernel.jit.catalogue import VARIANTS
 
-    wide = VARIANTS[ROUTER]["narrow_r2t896"]  # 896 threads x 1 chunk: one round of K = 7168
-    assert wide.lane_fill(7168) == 1.0 and wide.lane_fill(4096) == 512 / 896
+    rounds = VARIANTS[ROUTER]["narrow_r7"]  # 448 threads x 1 chunk: two rounds of K = 7168, no fitted body
+    assert rounds.lane_fill(7168) == 1.0 and rounds.lane_fill(4096) == 512 / 896
     assert VARIANTS[ROUTER]["narrow_r2kc"].lane_fill(7168) == 1.0  # 448 x 2 chunks
     assert not hasattr(VARIANTS[ROUTER]["direct_c8"], "lane_fill")
-    # the same grid (256 CTAs) at K 7168 and 4096: only the idle lanes tell them apart
-    d = estimate.geometry_distance(ROUTER, "jit:narrow_r2t896", (512, 4096, 4), (512, 7168, 4), 132)
+    # the same grid (74 CTAs) at K 7168 and 4096: only the idle lanes tell them apart
+    d = estimate.geometry_distance(ROUTER, "jit:narrow_r7", (518, 4096, 4), (518, 7168, 4), 132)
     bytes_term = abs(math.log(4096 / 7168))
     assert d == pytest.approx(bytes_term + estimate.FILL_WEIGHT * abs(math.log(512 / 896)))
+    # a one-round configuration is fitted to K 4096 (512 threads, every lane loaded): only the bytes differ
+    wide = VARIANTS[ROUTER]["narrow_r2t896"]
+    assert wide.lane_fill(4096) == 1.0 and wide.lane_fill(4104) == 513 / 896
+    d = estimate.geometry_distance(ROUTER, "jit:narrow_r2t896", (512, 4096, 4), (512, 7168, 4), 132)
+    assert d == pytest.approx(bytes_term)
 
 
 def test_score_estimate_scores_the_pick_that_selection_would_run(tmp_path, capsys):

@@ -14,12 +14,13 @@ measured shape of the op (same M and launch context) is averaged in log space wi
     d = |log(bytes per CTA ratio)| + |waves difference| / 2 + |log(CTAs at a time ratio)|
         + 2 |log(lane fill ratio)| (+ 0.1 for another output dtype)
 
-(lane fill: the share of a narrow kernel's thread-chunks that hold data in its rounds over K; a
-896-thread round fills 7168 exactly and 4096 to 57%)
+(lane fill: the share of a narrow kernel's thread-chunks that hold data in its rounds over K; two
+448-thread rounds fill 7168 exactly and 4096 to 57%; a fitted straight-line body fills every K it serves)
 
 and the candidate with the smallest weighted regret serves. A candidate with no measured shape
-near its geometry (total weight < MIN_WEIGHT) is not estimated. Narrow's straight-line body (one K
-only) and its generic body are different kernels and never stand in for each other.
+near its geometry (total weight < MIN_WEIGHT) is not estimated. Narrow's straight-line body (its own K
+and the smaller ones it is fitted to) and its generic body are different kernels and never stand in for
+each other.
 flashinfer's ``tinygemm_bf16`` picks its own program per shape from windows it measured (0.7.4
 on SM90), so on an unmeasured shape its regret carries ``OPAQUE_MARGIN`` more.
 
@@ -82,13 +83,13 @@ def grid(op: str, candidate: str, n: int, k: int, m: int, sms: int) -> tuple[int
     threads = block[0] * block[1] * block[2]
     regs = getattr(cfg, "regs", 0) or ASSUMED_REGS
     per_sm = max(1, min(MAX_THREADS_PER_SM // threads, REGS_PER_SM // (threads * regs),
-                        SMEM_PER_SM // (cfg.smem(m) + SMEM_RESERVED), 32))
+                        SMEM_PER_SM // (cfg.smem(m, (n, k)) + SMEM_RESERVED), 32))
     return ctas, sms * per_sm
 
 
 def body(op: str, candidate: str, n: int, k: int, m: int) -> str:
     """Which compiled body ``candidate`` runs at (N, K, M): narrow configurations have a straight-line
-    one for their K alone (catalogue ``Narrow.exact_for``) and a generic one."""
+    one for the K they are fitted to (catalogue ``Narrow.exact_for``) and a generic one."""
     exact_for = getattr(_config(op, candidate), "exact_for", None)
     return "exact" if exact_for is not None and exact_for((n, k)) else ""
 

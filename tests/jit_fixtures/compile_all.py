@@ -29,7 +29,7 @@ ARCH = "sm_90a"
 def main() -> int:
     name, out = sys.argv[1], Path(sys.argv[2])
     comp = compiler.get_compiler(name)
-    instances = [inst for _, inst in all_instances()] + [make() for make in fx.ALL]
+    instances = [inst for _, inst in all_instances()] + [make() for make in fx.ALL] + fx.k_fitted()
     results = precompile.compile_all([(inst, ARCH) for inst in instances], comp.name, os.cpu_count() or 1, None)
     report = {"compiler": comp.fingerprint(), "instances": {}}
     for inst in instances:

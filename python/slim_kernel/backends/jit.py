@@ -60,7 +60,7 @@ def _prepare(op: str, output: torch.Tensor, act: torch.Tensor, n: int, ldw: int,
             raise
         raise CallNotServed(f"cannot serve this call without compiling: {exc}") from None
     grid, block, cluster = cfg.geometry(n, k, _sm_count(dev))
-    smem = cfg.smem(m)
+    smem = cfg.smem(m, (n, k))
     if smem > cat.MAX_SMEM:
         raise ValueError(f"{op}: JIT config {cfg} needs {smem} bytes of shared memory at M={m} (max {cat.MAX_SMEM})")
     launch = kernel.launch

@@ -18,8 +18,8 @@ in ``kernels/`` (design notes there):
 removed; benchmark/results/h200/NOTES_kernels.md has its numbers and profile.)
 
 A family config is a frozen dataclass with ``instance(op, m, out_dtype, shape=None)`` (``shape`` =
-the call's (N, K); None = the tuned shape), ``geometry(n, k, sm_count)`` and ``smem(m)`` (mirrors of the ``*_smem_bytes`` formulas in the ``.cuh`` files; the
-kernels trap when launched with less). Tile rules (``"8:kernel=narrow,rows=2;16:rt=1,stages=8"``)
+the call's (N, K); None = the tuned shape), ``geometry(n, k, sm_count)`` and ``smem(m, shape=None)``
+(mirrors of the ``*_smem_bytes`` formulas in the ``.cuh`` files; the kernels trap when launched with less). Tile rules (``"8:kernel=narrow,rows=2;16:rt=1,stages=8"``)
 map M ranges to configs; the measured routing table (``slim_kernel/routing.py``) names a
 configuration from :data:`VARIANTS` per shape and M.
 """
@@ -86,7 +86,7 @@ class Skinny:
         split = max(1, min(split, _cdiv(k, 32) // self.warps or 1))
         return (groups, split, 1), (32 * self.warps, 1, 1), ((1, split, 1) if split > 1 else None)
 
-    def smem(self, m: int) -> int:  # skinny_smem_bytes in kernels/skinny_gemm.cuh
+    def smem(self, m: int, shape: tuple[int, int] | None = None) -> int:  # skinny_smem_bytes in kernels/skinny_gemm.cuh
         nt = token_tiles(m)
         return max(self.stages_for(m) * self.warps * (2 * self.rt + nt) * 512, _partials(self.rt, nt, self.warps))
 
@@ -102,7 +102,7 @@ class Narrow:
     plain: int = 0  # 1: L1-allocating loads instead of L1::no_allocate (compile-time; narrow_gemm.cuh)
     late: int = 0  # 1: the PDL trigger after the FMAs instead of at entry (compile-time)
     regs: int = 0  # a register cap (compile-time; 0: none; with exactk, of the straight-line instances only)
-    exactk: int = 0  # K of the straight-line instances (exact_for; compile-time; 0: none)
+    exactk: int = 0  # K of the straight-line instances at `threads` (exact_for; compile-time; 0: none)
     generic_tokens: int = 0  # the largest M of the generic body (other shapes), where it spills past it (0: tokens)
 
     def __post_init__(self):
@@ -121,9 +121,35 @@ class Narrow:
             return self.generic_tokens
         return self.tokens
 
+    def fitted_threads(self, k: int) -> int:
+        """The block of the straight-line body at K, or 0 where K has none. A configuration whose one round covers
+        ``exactk`` (``exactk == 8 cpt threads``) has one at every smaller K that one round of K / (8 cpt) threads
+        covers (a multiple of 32 threads): the same body, every lane loaded, compiled for that K (K-fitted, as
+        sglang's tiny_gemm is compiled per K); others at ``exactk`` alone."""
+        if not self.exactk:
+            return 0
+        if k == self.exactk:
+            return self.threads
+        per_warp = VEC * self.cpt * 32
+        one_round = self.exactk == VEC * self.cpt * self.threads
+        return k // (VEC * self.cpt) if one_round and 0 < k < self.exactk and k % per_warp == 0 else 0
+
+    def exact_for(self, shape: tuple[int, int] | None) -> bool:
+        """Whether a call at (N, K) gets a straight-line instance (``shape`` None: the tuned shape, K = exactk):
+        K fitted (:meth:`fitted_threads`) and N a multiple of rows (every instance is compiled for its exact M
+        anyway). Its registers are the exact body's alone (a generic body beside it would set them: 84 against 72
+        at M=5), so it is its own instance."""
+        return bool(self.exactk) and (
+            shape is None or (shape[0] % self.rows == 0 and self.fitted_threads(shape[1]) > 0))
+
+    def block(self, shape: tuple[int, int] | None = None) -> int:
+        """Threads per CTA at the call's (N, K): the fitted block of its straight-line instance, else ``threads``."""
+        return self.fitted_threads(shape[1]) if shape is not None and self.exact_for(shape) else self.threads
+
     def lane_fill(self, k: int) -> float:
-        """The share of the rounds' thread-chunks that hold data at K (idle lanes still take their turn)."""
-        chunks, per_round = k // VEC, self.threads * self.cpt
+        """The share of the rounds' thread-chunks that hold data at K (idle lanes still take their turn); 1 where K
+        has a straight-line body (fitted: one full round)."""
+        chunks, per_round = k // VEC, (self.fitted_threads(k) or self.threads) * self.cpt
         return chunks / (_cdiv(chunks, per_round) * per_round)
 
     def instance(self, op: str, m: int, out_dtype: str, shape: tuple[int, int] | None = None) -> KernelInstance:
@@ -136,22 +162,15 @@ class Narrow:
         # the options only when set, so instances without them keep their keys (and cached cubins)
         options = {k: v for k, v in (("SK_PLAIN", self.plain), ("SK_LATE", self.late), ("SK_MAXNREG", regs)) if v}
         if exact:
-            options["SK_EXACTK"] = self.exactk
+            options["SK_EXACTK"] = self.exactk if shape is None else shape[1]
         return _make(op, out_dtype, SK_FAMILY=1, SK_ROWS=self.rows, SK_MT=m, SK_CPT=self.cpt,
-                     SK_THREADS=self.threads, **options)
-
-    def exact_for(self, shape: tuple[int, int] | None) -> bool:
-        """Whether a call at (N, K) gets the straight-line instance (``shape`` None: the tuned shape, K = exactk):
-        K == exactk and N a multiple of rows (every instance is compiled for its exact M anyway). Its registers are the
-        exact body's alone (a generic body beside it would set them: 84 against 72 at M=5), so it is its own instance."""
-        return bool(self.exactk) and (
-            shape is None or (shape[1] == self.exactk and shape[0] % self.rows == 0))
+                     SK_THREADS=self.block(shape), **options)
 
     def geometry(self, n: int, k: int, sm_count: int) -> tuple[tuple, tuple, tuple | None]:
-        return (_cdiv(n, self.rows), 1, 1), (self.threads, 1, 1), None
+        return (_cdiv(n, self.rows), 1, 1), (self.block((n, k)), 1, 1), None
 
-    def smem(self, m: int) -> int:  # narrow_smem_bytes in kernels/narrow_gemm.cuh
-        return self.rows * m * self.threads * 4
+    def smem(self, m: int, shape: tuple[int, int] | None = None) -> int:  # narrow_smem_bytes in kernels/narrow_gemm.cuh
+        return self.rows * m * self.block(shape) * 4
 
 
 @dataclass(frozen=True)
@@ -190,7 +209,7 @@ class Ring:
     def geometry(self, n: int, k: int, sm_count: int) -> tuple[tuple, tuple, tuple | None]:
         return _split_k_tiles(n, _cdiv(k, self.tk), self.split, 32 * (self.warps + self.loaders + 1))
 
-    def smem(self, m: int) -> int:  # ring_smem_bytes in kernels/ring_gemm.cuh
+    def smem(self, m: int, shape: tuple[int, int] | None = None) -> int:  # ring_smem_bytes in kernels/ring_gemm.cuh
         stages = self.stages_for(m)
         return self._fixed(stages, m) + stages * self._stage(m)
 
@@ -227,7 +246,7 @@ class Stream:
     def geometry(self, n: int, k: int, sm_count: int) -> tuple[tuple, tuple, tuple | None]:
         return (_cdiv(n, 16 * self.rt), 1, 1), (256, 1, 1), None
 
-    def smem(self, m: int) -> int:  # stream_smem_bytes in kernels/stream_gemm.cuh
+    def smem(self, m: int, shape: tuple[int, int] | None = None) -> int:  # stream_smem_bytes in kernels/stream_gemm.cuh
         return self._fixed(m) + self.stages_for(m) * self._stage(m)
 
 
@@ -254,7 +273,7 @@ class Direct:
     def geometry(self, n: int, k: int, sm_count: int) -> tuple[tuple, tuple, tuple | None]:
         return _split_k_tiles(n, _cdiv(k, 32), self.split, 32 * self.warps)
 
-    def smem(self, m: int) -> int:  # direct_smem_bytes in kernels/direct_gemm.cuh
+    def smem(self, m: int, shape: tuple[int, int] | None = None) -> int:  # direct_smem_bytes in kernels/direct_gemm.cuh
         return _partials(1, token_tiles(m), self.warps)
 
 
@@ -367,6 +386,12 @@ VARIANTS: dict[str, dict[str, GemmConfig]] = {
         # 0.89-0.95x flashinfer (runs 89/90); the generic body spills from M=2
         "narrow_r7t896": Narrow(rows=7, cpt=1, threads=896, tokens=4, generic_tokens=1, exactk=7168),
         "narrow_r2t896": Narrow(rows=2, cpt=1, threads=896, tokens=10, exactk=7168),
+        # four rows: one wave of 128 CTAs at E=512 (a shape no listed model has; sglang's tiny_gemm takes four
+        # rows there): 896 threads of one chunk (72 registers to M=16, the generic body spills from M=5), or
+        # tiny_gemm's 32 bytes per thread (448 at K=7168; uncapped, the straight-line body spills from M=10 and
+        # the generic one from M=7)
+        "narrow_r4t896": Narrow(rows=4, cpt=1, threads=896, tokens=16, generic_tokens=4, exactk=7168),
+        "narrow_r4k": Narrow(rows=4, cpt=2, threads=448, tokens=9, generic_tokens=6, exactk=7168),
         # M 11-16 of narrow routers (E=128: 128 CTAs; K=6144 at E=256: 2 rows, 128 CTAs): one chunk per
         # thread keeps a token's FMA chain after the PDL wait half as long as two chunks per thread, and
         # 16 tokens fit the block's register bound without spills (72 / 80 registers, NVRTC 13.0/13.2, nvcc)
@@ -411,7 +436,7 @@ FALLBACK_VARIANT = "skinny"  # serves every M of both ops: the choice where noth
 def variant_serves(cfg: GemmConfig, op: str, m: int, shape: tuple[int, int] | None = None) -> bool:
     """Whether ``cfg`` can launch for ``op`` at ``m`` and the call's (N, K) (None: the tuned shape)
     within the device's shared memory."""
-    return op in cfg.ops and m <= cfg.max_m(shape) and cfg.smem(m) <= MAX_SMEM
+    return op in cfg.ops and m <= cfg.max_m(shape) and cfg.smem(m, shape) <= MAX_SMEM
 
 
 ANY_SHAPE = (0, 0)  # an (N, K) no straight-line instance serves (Narrow.exact_for): the generic body

@@ -15,7 +15,8 @@
 //  * EXACT > 0: the caller checked K == EXACT, M == MT and N % ROWS == 0 (its own instance), so the round loop, the
 //    chunk, row and token predicates and the per-token branches fold away (a straight-line body,
 //    as sglang's tiny_gemm is by being compiled per K, N and M). K alone: 0.05-0.2 us faster at
-//    M 1-3 (run 51).
+//    M 1-3 (run 51). The catalogue compiles it for any K that one round of THREADS = K / (8 CPT) covers
+//    where the configuration's own K is one round (K-fitted: Narrow.fitted_threads).
 //  * LATE: the PDL trigger after the FMAs instead of at entry (the next kernel's CTAs do not
 //    take SMs while this one still needs them). Under the 72-register cap it is the pick at M=6 (run 57);
 //    uncapped it gained nothing (run 55).
