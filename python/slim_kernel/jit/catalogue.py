@@ -408,10 +408,6 @@ VARIANTS: dict[str, dict[str, GemmConfig]] = {
         # one row, 224 threads x 4 chunks (K = 7168 in one round; 128-164 registers, no spills): E=128 M 11-12
         # after the PDL-aware producer, 0.87-0.96x direct_c8 (run 85)
         "narrow_r1t224": Narrow(rows=1, cpt=4, threads=224, tokens=16, exactk=7168),
-        # tiny_gemm's geometry at one row (32 bytes per thread: 448 threads at K = 7168, 256 at 4096), uncapped: at
-        # M 11-16 its 256-thread fitted CTA (108-124 registers) still fits beside the PDL-aware producer's, where
-        # the 512-thread ones (72-90 registers) stop fitting; spill-free to M=16 in both bodies
-        "narrow_r1k": Narrow(rows=1, cpt=2, threads=448, tokens=16, exactk=7168),
         "ring_c8": Ring(tk=128, stages=8, warps=4, loaders=1, split=8),
         # one round of fragments in registers per lane; 8 warps of 4 blocks at split 8 (72 registers) were
         # within 1% of these everywhere (run 70)
