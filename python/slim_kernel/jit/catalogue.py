@@ -386,12 +386,11 @@ VARIANTS: dict[str, dict[str, GemmConfig]] = {
         # 0.89-0.95x flashinfer (runs 89/90); the generic body spills from M=2
         "narrow_r7t896": Narrow(rows=7, cpt=1, threads=896, tokens=4, generic_tokens=1, exactk=7168),
         "narrow_r2t896": Narrow(rows=2, cpt=1, threads=896, tokens=10, exactk=7168),
-        # four rows: one wave of 128 CTAs at E=512 (a shape no listed model has; sglang's tiny_gemm takes four
-        # rows there): 896 threads of one chunk (72 registers to M=16, the generic body spills from M=5), or
-        # tiny_gemm's 32 bytes per thread (448 at K=7168; uncapped, the straight-line body spills from M=10 and
-        # the generic one from M=7)
+        # four rows: one wave of 128 CTAs at E=512 (a shape no listed model has), 896 threads of one chunk (72
+        # registers to M=16; the generic body spills from M=5). The fastest candidate at 14 points of the table
+        # (E=256 bf16 M=1, E=384 M 1-7; 3-8% ahead of run 89's picks after the PDL-aware producer; runs 92/93).
+        # tiny_gemm's four rows at 32 bytes per thread (448 threads at K=7168) were never the fastest: removed
         "narrow_r4t896": Narrow(rows=4, cpt=1, threads=896, tokens=16, generic_tokens=4, exactk=7168),
-        "narrow_r4k": Narrow(rows=4, cpt=2, threads=448, tokens=9, generic_tokens=6, exactk=7168),
         # M 11-16 of narrow routers (E=128: 128 CTAs; K=6144 at E=256: 2 rows, 128 CTAs): one chunk per
         # thread keeps a token's FMA chain after the PDL wait half as long as two chunks per thread, and
         # 16 tokens fit the block's register bound without spills (72 / 80 registers, NVRTC 13.0/13.2, nvcc)
