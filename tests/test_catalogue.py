@@ -123,6 +123,14 @@ def test_one_round_narrow_bodies_are_fitted_to_smaller_k():
     assert not wide.exact_for((511, 4096))  # N not a multiple of the rows
     assert cat.VARIANTS[ROUTER]["narrow_r7"].fitted_threads(4096) == 0  # K = 7168 in two rounds: K alone
     assert cat.VARIANTS[ROUTER]["narrow_r2k6"].fitted_threads(7168) == 0  # never past its own block
+    # one kernel, two names: tune times it once (first_alike), where both serve and only there
+    assert cat.first_alike(ROUTER, 5, "float32", (256, 6144), 132)["narrow_r2t768k6"] == "narrow_r2t896"
+    at_7168 = cat.first_alike(ROUTER, 5, "float32", (256, 7168), 132)
+    assert at_7168["narrow_r2t768k6"] == "narrow_r2t768k6" and at_7168["narrow_r2t896"] == "narrow_r2t896"
+    # at K = 7168 the K = 6144 pair runs one generic body (the cap is the straight-line body's): alike too
+    assert {name: first for name, first in at_7168.items() if first != name} == {"narrow_r2k6c": "narrow_r2k6"}
+    assert cat.first_alike(ROUTER, 12, "float32", (256, 6144), 132)["narrow_r2t768k6"] == "narrow_r2t768k6"
+    assert "narrow_r2t896" not in cat.first_alike(ROUTER, 12, "float32", (256, 6144), 132)  # M past its window
     # the window follows the body: generic_tokens where the shape gets the generic one
     r4 = cat.VARIANTS[ROUTER]["narrow_r4t896"]
     assert r4.max_m((512, 4096)) == 16 and r4.max_m((512, 4104)) == r4.generic_tokens == 4

@@ -247,3 +247,36 @@ def test_info_json_explains_every_estimate(monkeypatch):
     for r in rows:  # another SM count: every pick is an estimate, explained, with the tune command
         assert r["source"] in ("estimate", "priority") and r["estimate"] == (r["source"] == "estimate")
         assert r["why"] and r["tune"].startswith("slim-kernel tune --")
+
+
+def test_measure_times_a_kernel_several_names_launch_once(monkeypatch):
+    """candidates() hands configurations that launch the same kernel one fn (catalogue.first_alike): it is
+    checked and timed once, every name gets its time; a wrong one is refused under every name."""
+    shared, other, wrong = (lambda *a: None), (lambda *a: None), (lambda *a: None)
+    monkeypatch.setattr(tune, "candidates", lambda point, pdl: {
+        "jit:a": shared, "jit:b": shared, "torch": other, "jit:c": wrong, "jit:d": wrong})
+    checked, timed = [], []
+
+    class FakePoint:
+        producers, shape, m, weights = {"plain": object()}, models.router(256, 6144, "float32"), 5, [0]
+
+        def error(self, fn):
+            checked.append(fn)
+            return 1.0 if fn is wrong else 0.0
+
+        def tolerance(self):
+            return 1e-5
+
+        def calls(self, fn):
+            return fn
+
+    class FakeStep:
+        def time(self, fn):
+            timed.append(fn)
+            return 2.0 if fn is shared else 3.0
+
+    notes = []
+    times = tune.measure(FakePoint(), False, notes, FakeStep())
+    assert times == {"jit:a": 2.0, "jit:b": 2.0, "torch": 3.0}
+    assert checked == [shared, other, wrong] and timed == [shared, other]
+    assert len(notes) == 2 and all("not timed" in n for n in notes)

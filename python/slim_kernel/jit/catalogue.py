@@ -438,6 +438,20 @@ def variant_serves(cfg: GemmConfig, op: str, m: int, shape: tuple[int, int] | No
     return op in cfg.ops and m <= cfg.max_m(shape) and cfg.smem(m, shape) <= MAX_SMEM
 
 
+def first_alike(op: str, m: int, out_dtype: str, shape: tuple[int, int], sm_count: int) -> dict[str, str]:
+    """``{variant: the first variant, in catalogue order, that launches the same kernel}`` for the variants serving
+    ``op`` at ``m`` and the call's (N, K): same instance, grid, block, cluster and shared memory (itself where none
+    before it does). Configurations fitted alike (``narrow_r2t896`` at K <= 6144 is ``narrow_r2t768k6``) are one
+    kernel: tune times it once."""
+    first: dict[tuple, str] = {}
+    out: dict[str, str] = {}
+    for name, cfg in VARIANTS[op].items():
+        if variant_serves(cfg, op, m, shape):
+            launch = (cfg.instance(op, m, out_dtype, shape), cfg.geometry(*shape, sm_count), cfg.smem(m, shape))
+            out[name] = first.setdefault(launch, name)
+    return out
+
+
 ANY_SHAPE = (0, 0)  # an (N, K) no straight-line instance serves (Narrow.exact_for): the generic body
 
 
