@@ -104,19 +104,14 @@ FUSED_A_SHAPES = [(2112, 7168), (3648, 7168), (2624, 6144), (1536, 5120), (2112,
 
 @pytest.fixture(scope="module", autouse=True)
 def _matrix_compiled_in_parallel():
-    """Every instance the matrix runs, compiled first in parallel (narrow configurations compile one per K and M:
-    serially, on first call, their K-fitted bodies at the off-list shapes take minutes)."""
-    import os
+    """Every instance the matrix runs, compiled first in parallel, as tune does (narrow configurations compile one
+    per K and M: serially, on first call, their K-fitted bodies at the off-list shapes take minutes)."""
+    from slim_kernel import models, tune
 
-    from slim_kernel.jit import arch_for_device
-    from slim_kernel.jit.compiler import get_compiler
-    from slim_kernel.jit.precompile import compile_all
-
-    arch = arch_for_device(torch.cuda.current_device())
-    jobs = [(cfg.instance(op, m, dt, shape), arch) for op, shapes in ((ROUTER, ROUTER_SHAPES), (FUSED_A, FUSED_A_SHAPES))
-            for cfg in cat.VARIANTS[op].values() for shape in shapes for m in _ms(cfg, shape)
-            for dt in cat.OUT_DTYPES[op] if cat.variant_serves(cfg, op, m, shape)]
-    compile_all(list(dict.fromkeys(jobs)), get_compiler().name, os.cpu_count() or 1)
+    shapes = [models.router(e, k, dt) for e, k in ROUTER_SHAPES for dt in cat.OUT_DTYPES[ROUTER]]
+    shapes += [models.fused_a(n, k) for n, k in FUSED_A_SHAPES]
+    tune.precompile([(s, m) for s in shapes for m in SMALL_M + LARGE_M],
+                    torch.device("cuda", torch.cuda.current_device()))
 
 
 @pytest.mark.parametrize("variant", ROUTER_VARIANTS)
