@@ -220,6 +220,25 @@ def precompile(points: list[tuple[models.Shape, int]], device) -> None:
     compile_all(jobs, get_compiler().name, os.cpu_count() or 1, None)
 
 
+def prebuild(points: list[Point], device) -> None:
+    """Everything the points' candidates build on first use, side by side, before anything is timed:
+    the JIT instances (``precompile``) while flashinfer builds its modules (threads: each waits on nvcc).
+    A module that fails to build here fails again at its candidate's first call, which reports it."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    try:
+        from .backends import flashinfer as fb
+
+        loaders = fb.first_use_builds([(p.shape.op, p.m, p.shape.n, p.shape.k) for p in points], device)
+    except ImportError:
+        loaders = {}
+    with ThreadPoolExecutor(max(1, len(loaders)), thread_name_prefix="tune-flashinfer") as pool:
+        builds = [pool.submit(load) for load in loaders.values()]
+        precompile([(p.shape, p.m) for p in points], device)
+        for build in builds:
+            build.exception()
+
+
 def tune(shapes: list[models.Shape], ms: list[int], device=None, progress: bool = True) -> tuple[Path, dict, list]:
     """Measure ``shapes`` at ``ms`` on ``device`` and write the tuned table; returns (path, table, notes)."""
     import torch
@@ -244,7 +263,7 @@ def tune(shapes: list[models.Shape], ms: list[int], device=None, progress: bool 
         points = [Point(s, m, dev, gen) for s in shapes for m in ms]
         if "pdl" not in points[0].producers:
             notes.append("flashinfer is not installed: only the plain-producer context (pdl: false) was measured")
-        precompile([(p.shape, p.m) for p in points], dev)
+        prebuild(points, dev)
         total, start = len(points), time.perf_counter()
         for i, point in enumerate(points, 1):
             for pdl in (True, False):
