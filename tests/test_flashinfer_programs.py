@@ -88,7 +88,7 @@ def test_missing_program_serves_the_public_call(fake_flashinfer):
 
 
 def test_first_use_builds_name_each_module_once(fake_flashinfer, monkeypatch):
-    """tune builds these side by side: the router module once for every router, and per fused-A call
+    """tune builds these side by side: the PDL producer's RMSNorm and the router module once, and per fused-A call
     the program tinygemm_bf16 picks plus every pinned program, in both launch contexts, each once."""
     fb, _, programs = fake_flashinfer
     import flashinfer.gemm.routergemm as routergemm
@@ -98,11 +98,12 @@ def test_first_use_builds_name_each_module_once(fake_flashinfer, monkeypatch):
     calls = [("dsv3_router_gemm", m, 256, 7168) for m in (1, 2)] + [("dsv3_router_gemm", 1, 384, 7168)]
     calls += [("dsv3_fused_a_gemm", m, 2112, 7168) for m in (1, 9, 16)]
     loaders = fb.first_use_builds(calls, torch.device("cpu"))
-    assert sorted(loaders) == sorted(["router", "PICK_M1", "PICK_M1_PDL", "PICK_M8", "PICK_M8_PDL",
+    assert sorted(loaders) == sorted(["norm", "router", "PICK_M1", "PICK_M1_PDL", "PICK_M8", "PICK_M8_PDL",
                                       "PACKED_S8_IL_BOX3D_NOBIAS", "PACKED_S8_IL_BOX3D_NOBIAS_PDL",
                                       "ACCUMULATORS_CN16_NOBIAS"])
     assert all(callable(load) for load in loaders.values())
     # a router flashinfer does not ship, and a release without the private picker: nothing to name
     monkeypatch.delattr(routergemm, "_tinygemm2_wgmma_identifier")
-    assert fb.first_use_builds([("dsv3_router_gemm", 1, 160, 5120)], torch.device("cpu")) == {}
+    assert fb.first_use_builds([("dsv3_router_gemm", 1, 160, 5120)], torch.device("cpu")).keys() == {"norm"}
+    assert fb.first_use_builds([], torch.device("cpu")) == {}
     assert "PICK_M1" not in fb.first_use_builds([("dsv3_fused_a_gemm", 1, 2112, 7168)], torch.device("cpu"))

@@ -61,9 +61,10 @@ def test_tuned_table_is_used_by_a_fresh_process_and_survives_failed_runs(tmp_pat
     for m in (1, 4):
         pick = _pick(tmp_path, m)
         entry = next(e for e in data["entries"] if e["m"] == m and not e["pdl"])
-        fastest = min(entry["us"], key=entry["us"].get)
+        # configurations that launch one kernel at this call were timed once and share its time
+        fastest = {name for name, us in entry["us"].items() if us == min(entry["us"].values())}
         picked = f"{pick['backend']}:{pick['variant']}" if pick["variant"] else pick["backend"]
-        assert pick["source"] == "tuned" and picked == fastest  # what it measured fastest
+        assert pick["source"] == "tuned" and picked in fastest, (picked, fastest)  # what it measured fastest
     before = tables[0].read_bytes()
     # interrupted: killed while measuring another M; failed: a device that does not exist
     proc = _tune(tmp_path, "--ms", "1-16", start_new_session=True)

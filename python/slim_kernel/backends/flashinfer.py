@@ -86,14 +86,15 @@ def prepare_fused_a(args, variant: str | None = None, pdl: bool | None = None):
 
 def first_use_builds(calls, device: torch.device) -> dict:
     """``{module: loader}``: the flashinfer modules the calls ``(op, m, n, k)`` build on first use, in either
-    launch context: the fixed-shape router module, and per fused-A call the program ``tinygemm_bf16``
+    launch context: flashinfer's RMSNorm (the PDL launch context's producer), the fixed-shape router
+    module, and per fused-A call the program ``tinygemm_bf16``
     picks and every pinned program. Each builds (nvcc, 10-50 s) and loads one module, so
     ``slim-kernel tune`` runs them side by side before it times anything instead of one after
     another inside the timing loop. Where flashinfer's layout differs from 0.7.4's, a module it
     cannot name here is left to its first call."""
     from ..names import ROUTER
 
-    loaders: dict[str, object] = {}
+    loaders: dict[str, object] = {"norm": lambda: _rmsnorm_once(device)} if calls else {}
     for op, m, n, k in calls:
         if op == ROUTER:
             for dtype in (torch.float32, torch.bfloat16):
@@ -128,4 +129,15 @@ def _router_once(e: int, k: int, dtype: torch.dtype, device: torch.device) -> No
     w = torch.zeros(e, k, device=device, dtype=torch.bfloat16)
     with torch.cuda.device(device):
         router_kernel(e, k, dtype)(x, w.t(), torch.empty(1, e, device=device, dtype=dtype), launch_with_pdl=False)
+        torch.cuda.synchronize(device)
+
+
+def _rmsnorm_once(device: torch.device) -> None:
+    """One call of the producer the PDL launch context times behind (``timing.producers``): builds its module."""
+    import flashinfer.norm
+
+    x = torch.zeros(1, 128, device=device, dtype=torch.bfloat16)
+    with torch.cuda.device(device):
+        flashinfer.norm.rmsnorm(x, torch.ones(128, device=device, dtype=torch.bfloat16), 1e-6, out=torch.empty_like(x),
+                                enable_pdl=True)
         torch.cuda.synchronize(device)
