@@ -293,3 +293,16 @@ def test_a_lucky_reading_does_not_decide_a_pick():
     assert sorted(retimed) == sorted(["lucky"] * 2 + ["steady"] * 2 + ["third"] * 2)
     assert len(readings["slow"]) == 1
     assert tune.confirmed({}, lambda fn: 1 / 0) == {}
+
+
+def test_tune_reports_how_its_picks_compare_with_the_shipped_table():
+    """The shipped table's own entries agree with it everywhere; one point where another candidate is now
+    faster reports what the shipped pick costs there; shapes the shipped table lacks are not counted."""
+    shipped = json.loads((Path(routing.__file__).parent / "tables" / "routing_sm90.json").read_text())
+    entries = [dict(e, us=dict(e["us"])) for e in shipped["entries"][:40]]
+    assert tune.against_shipped(entries, "sm_90").startswith("vs the shipped table (NVIDIA H200): the same pick at 40 of 40")
+    slowest = max(entries[3]["us"], key=entries[3]["us"].get)
+    entries[3]["us"][slowest] = min(entries[3]["us"].values()) / 1.25
+    report = tune.against_shipped(entries + [_entry()], "sm_90")
+    assert "the same pick at 39 of 40 points; its pick at most 1.25x the tuned one (1 points over 1.02x)" in report
+    assert tune.against_shipped([_entry()], "sm_90") is None and tune.against_shipped(entries, "sm_75") is None

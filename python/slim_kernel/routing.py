@@ -137,6 +137,10 @@ class Table:
             return Decision(self._index[(op, shape_t, near, version, pdl)], "; ".join(notes) or "exact", self.kind)
         return None
 
+    def point(self, op: str, shape: dict, m: int, flashinfer: str, pdl: bool) -> Point | None:
+        """The point measured at exactly this op, shape, M, flashinfer version and launch context."""
+        return self._index.get((op, _shape_items(shape), m, flashinfer, pdl))
+
     def versions_by_distance(self, flashinfer: str | None) -> list[str]:
         if flashinfer is None:
             return self.versions[::-1]

@@ -299,6 +299,26 @@ def tune(shapes: list[models.Shape], ms: list[int], device=None, progress: bool 
     return path, data, notes
 
 
+def against_shipped(entries: list[dict], arch: str) -> str | None:
+    """How the tuned picks compare with the shipped table's where both measured the same op, shape, M,
+    launch context and flashinfer version: how often they agree, and what the shipped pick (what
+    selection ran before this tune) costs by the tuned times where they do not."""
+    from . import routing
+
+    shipped = routing.table(arch)
+    costs = []
+    for e in entries if shipped else []:
+        point = shipped.point(e["op"], e["shape"], e["m"], e["flashinfer"], e["pdl"])
+        pick = next((cand for cand, _ in point.us if cand in e["us"]), None) if point else None
+        if pick:
+            costs.append(e["us"][pick] / min(e["us"].values()))
+    if not costs:
+        return None
+    return (f"vs the shipped table ({shipped.device}): the same pick at {sum(c == 1 for c in costs)} of "
+            f"{len(costs)} points; its pick at most {max(costs):.2f}x the tuned one "
+            f"({sum(c > 1.02 for c in costs)} points over 1.02x)")
+
+
 def run(args) -> int:
     try:
         shapes = shapes_from_args(args)
@@ -321,4 +341,6 @@ def run(args) -> int:
         print(f"note: {note}", file=sys.stderr)
     print(f"tune: {len(shapes)} shapes x {len(ms)} M measured in {time.perf_counter() - start:.0f} s; "
           f"{len(data['entries'])} points in {path}")
+    if comparison := against_shipped(data["entries"], data["arch"]):
+        print(f"tune: {comparison}")
     return 0
