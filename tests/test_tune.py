@@ -300,9 +300,26 @@ def test_tune_reports_how_its_picks_compare_with_the_shipped_table():
     faster reports what the shipped pick costs there; shapes the shipped table lacks are not counted."""
     shipped = json.loads((Path(routing.__file__).parent / "tables" / "routing_sm90.json").read_text())
     entries = [dict(e, us=dict(e["us"])) for e in shipped["entries"][:40]]
-    assert tune.against_shipped(entries, "sm_90").startswith("vs the shipped table (NVIDIA H200): the same pick at 40 of 40")
+    assert tune.against_shipped(entries, "sm_90").startswith("the same pick as the shipped table (NVIDIA H200) at 40 of 40")
     slowest = max(entries[3]["us"], key=entries[3]["us"].get)
     entries[3]["us"][slowest] = min(entries[3]["us"].values()) / 1.25
     report = tune.against_shipped(entries + [_entry()], "sm_90")
-    assert "the same pick at 39 of 40 points; its pick at most 1.25x the tuned one (1 points over 1.02x)" in report
+    assert "at 39 of 40 points; its pick at most 1.25x this one's (1 points over 1.02x)" in report
     assert tune.against_shipped([_entry()], "sm_90") is None and tune.against_shipped(entries, "sm_75") is None
+
+
+def test_compare_tables_reports_both_directions_and_refuses_a_bad_table(tmp_path, capsys, monkeypatch):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmark"))
+    import compare_tables
+
+    a = {"schema": 1, **_header(), "entries": [_entry(1), _entry(2, us={"jit:direct_c8": 3.0, "torch": 2.7})]}
+    b = {"schema": 1, **_header(), "entries": [_entry(1), _entry(2), _entry(3)]}
+    for name, data in (("a.json", a), ("b.json", b), ("bad.json", {**a, "schema": 9})):
+        (tmp_path / name).write_text(json.dumps(data))
+    monkeypatch.setattr(sys, "argv", ["compare_tables.py", str(tmp_path / "a.json"), str(tmp_path / "b.json")])
+    assert compare_tables.main() == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out == ["a.json: the same pick as b.json at 1 of 2 points; its pick at most 1.11x this one's (1 points over 1.02x)",
+                   "b.json: the same pick as a.json at 1 of 2 points; its pick at most 2.33x this one's (1 points over 1.02x)"]
+    monkeypatch.setattr(sys, "argv", ["compare_tables.py", str(tmp_path / "a.json"), str(tmp_path / "bad.json")])
+    assert compare_tables.main() == 2 and "bad.json" in capsys.readouterr().err

@@ -299,24 +299,32 @@ def tune(shapes: list[models.Shape], ms: list[int], device=None, progress: bool 
     return path, data, notes
 
 
-def against_shipped(entries: list[dict], arch: str) -> str | None:
-    """How the tuned picks compare with the shipped table's where both measured the same op, shape, M,
-    launch context and flashinfer version: how often they agree, and what the shipped pick (what
-    selection ran before this tune) costs by the tuned times where they do not."""
-    from . import routing
-
-    shipped = routing.table(arch)
+def pick_costs(entries: list[dict], table) -> list[float]:
+    """At each entry ``table`` (a ``routing.Table``) measured too (same op, shape, M, launch context and
+    flashinfer version): the entry's time of the table's pick (what selection would run by it) over the
+    entry's fastest. 1.0 where they agree (or pick kernels timed as one)."""
     costs = []
-    for e in entries if shipped else []:
-        point = shipped.point(e["op"], e["shape"], e["m"], e["flashinfer"], e["pdl"])
+    for e in entries:
+        point = table.point(e["op"], e["shape"], e["m"], e["flashinfer"], e["pdl"])
         pick = next((cand for cand, _ in point.us if cand in e["us"]), None) if point else None
         if pick:
             costs.append(e["us"][pick] / min(e["us"].values()))
-    if not costs:
-        return None
-    return (f"vs the shipped table ({shipped.device}): the same pick at {sum(c == 1 for c in costs)} of "
-            f"{len(costs)} points; its pick at most {max(costs):.2f}x the tuned one "
-            f"({sum(c > 1.02 for c in costs)} points over 1.02x)")
+    return costs
+
+
+def describe_costs(costs: list[float], other: str) -> str:
+    return (f"the same pick as {other} at {sum(c == 1 for c in costs)} of {len(costs)} points; its pick at most "
+            f"{max(costs):.2f}x this one's ({sum(c > 1.02 for c in costs)} points over 1.02x)")
+
+
+def against_shipped(entries: list[dict], arch: str) -> str | None:
+    """How the tuned picks compare with the shipped table's where both measured: how often they agree,
+    and what the shipped pick (what selection ran before this tune) costs by the tuned times."""
+    from . import routing
+
+    shipped = routing.table(arch)
+    costs = pick_costs(entries, shipped) if shipped else []
+    return describe_costs(costs, f"the shipped table ({shipped.device})") if costs else None
 
 
 def run(args) -> int:
