@@ -249,20 +249,20 @@ def test_info_json_explains_every_estimate(monkeypatch):
         assert r["why"] and r["tune"].startswith("slim-kernel tune --")
 
 
-def test_measure_times_a_kernel_several_names_launch_once(monkeypatch):
-    """candidates() hands configurations that launch the same kernel one fn (catalogue.first_alike): it is
-    checked and timed once, every name gets its time; a wrong one is refused under every name."""
-    shared, other, wrong = (lambda *a: None), (lambda *a: None), (lambda *a: None)
-    monkeypatch.setattr(tune, "candidates", lambda point, pdl: {
-        "jit:a": shared, "jit:b": shared, "torch": other, "jit:c": wrong, "jit:d": wrong})
-    checked, timed = [], []
+@pytest.fixture
+def fake_measure(monkeypatch):
+    """measure() on a fake point whose weights take 4 us at the fake device's peak DRAM bandwidth."""
+    from slim_kernel import timing
+
+    monkeypatch.setattr(timing, "peak_dram_bytes_per_s", lambda device: 256 * 6144 * 2 / 4e-6)
 
     class FakePoint:
-        producers, shape, m, weights = {"plain": object()}, models.router(256, 6144, "float32"), 5, [0]
+        producers, shape, m, weights, device = {"plain": object(), "pdl": object()}, models.router(256, 6144, "float32"), 5, [0], None
+        checked = []
 
         def error(self, fn):
-            checked.append(fn)
-            return 1.0 if fn is wrong else 0.0
+            self.checked.append(fn)
+            return 1.0 if getattr(fn, "wrong", False) else 0.0
 
         def tolerance(self):
             return 1e-5
@@ -270,14 +270,51 @@ def test_measure_times_a_kernel_several_names_launch_once(monkeypatch):
         def calls(self, fn):
             return fn
 
+    def run(named, step, pdl=False):
+        monkeypatch.setattr(tune, "candidates", lambda point, pdl: named)
+        notes = []
+        point = FakePoint()
+        return tune.measure(point, pdl, notes, step), notes, point.checked
+
+    return run
+
+
+def test_a_reading_below_the_dram_floor_is_taken_again_and_never_kept(fake_measure):
+    ok, late, never = (lambda *a: None), (lambda *a: None), (lambda *a: None)
+    reads = {ok: iter([5.0] * 9), late: iter([2.0, 6.0, 6.0, 6.0, 6.0]), never: iter([1.0] * 9)}
+
     class FakeStep:
+        producer_us = 1.5
+
+        def time(self, fn):
+            return next(reads[fn])
+
+    times, notes, _ = fake_measure({"jit:a": ok, "jit:b": late, "torch": never}, FakeStep())
+    assert times == {"jit:a": 5.0, "jit:b": 6.0}  # b's 2.0 read again; torch's 1.0 three times: left out
+    assert len(notes) == 1 and "torch: kept reading below the DRAM floor (4.00 us" in notes[0]
+    # after the PDL-aware producer the GEMM may overlap it: 3.0 us is above 4.0 - 1.5
+    reads.update({ok: iter([3.0] * 9), late: iter([6.0] * 9), never: iter([2.0] * 9)})
+    times, notes, _ = fake_measure({"jit:a": ok, "jit:b": late, "torch": never}, FakeStep(), pdl=True)
+    assert times == {"jit:a": 3.0, "jit:b": 6.0} and "torch" in notes[0]
+
+
+def test_measure_times_a_kernel_several_names_launch_once(fake_measure):
+    """candidates() hands configurations that launch the same kernel one fn (catalogue.first_alike): it is
+    checked and timed once, every name gets its time; a wrong one is refused under every name."""
+    shared, other, wrong = (lambda *a: None), (lambda *a: None), (lambda *a: None)
+    wrong.wrong = True
+    timed = []
+
+    class FakeStep:
+        producer_us = 1.0
+
         def time(self, fn):
             timed.append(fn)
-            return 2.0 if fn is shared else 3.0
+            return 5.0 if fn is shared else 6.0
 
-    notes = []
-    times = tune.measure(FakePoint(), False, notes, FakeStep())
-    assert times == {"jit:a": 2.0, "jit:b": 2.0, "torch": 3.0}
+    times, notes, checked = fake_measure(
+        {"jit:a": shared, "jit:b": shared, "torch": other, "jit:c": wrong, "jit:d": wrong}, FakeStep())
+    assert times == {"jit:a": 5.0, "jit:b": 5.0, "torch": 6.0}
     assert checked == [shared, other, wrong] and sorted(map(id, timed)) == sorted(map(id, [shared, other] * 3))
     assert len(notes) == 2 and all("not timed" in n for n in notes)
 

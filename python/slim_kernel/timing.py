@@ -85,6 +85,7 @@ class DecodeStep:
     def __init__(self, producer: Callable[[], None], calls: int = CALLS):
         self.producer, self.calls = producer, calls
         self.alone = capture([producer] * calls)
+        self.producer_us = 0.0
 
     def time(self, gemm_calls: list[Callable[[], None]], *, reps: int = REPS) -> float:
         n = max(self.calls, len(gemm_calls))
@@ -93,12 +94,20 @@ class DecodeStep:
         pairs = capture([fn for i in range(n) for fn in (self.producer, gemm_calls[i % len(gemm_calls)])])
         with_gemm, without = replay_ms([pairs, self.alone], reps)
         del pairs
+        self.producer_us = statistics.median(without) * 1e3 / n  # the producer's own, as this reading saw it
         return (statistics.median(with_gemm) - statistics.median(without)) * 1e3 / n
 
 
 def time_decode_step(producer: Callable[[], None], calls: list[Callable[[], None]], *, reps: int = REPS) -> float:
     """Median microseconds per GEMM call net of its producer (one-off :class:`DecodeStep`)."""
     return DecodeStep(producer, max(CALLS, len(calls))).time(calls, reps=reps)
+
+
+def peak_dram_bytes_per_s(device: torch.device | None = None) -> float:
+    """The device's DRAM bandwidth by its memory clock and bus width (double data rate, as
+    ``torch.cuda._device_limits`` reckons it); 0 where this torch does not report them."""
+    props = torch.cuda.get_device_properties(device or torch.cuda.current_device())
+    return 2 * getattr(props, "memory_clock_rate", 0) * 1e3 * getattr(props, "memory_bus_width", 0) / 8
 
 
 def producers(x: torch.Tensor, gen: torch.Generator | None = None) -> dict[str, Callable[[], None]]:

@@ -23,6 +23,7 @@ Exit status: 0 table written; 1 nothing could be measured; 2 bad arguments or no
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 import tempfile
@@ -152,7 +153,7 @@ def measure(point: Point, pdl: bool, notes: list[str], step=None) -> dict[str, f
     """µs per call of every correct candidate at ``point`` in one launch context (the PDL-aware
     producer with PDL launches, or the plain one without). ``step``: that producer's
     ``timing.DecodeStep`` when the caller times more after it (made here otherwise)."""
-    from .timing import DecodeStep
+    from .timing import DecodeStep, peak_dram_bytes_per_s
 
     producer = point.producers.get("pdl" if pdl else "plain")
     if producer is None:
@@ -160,14 +161,28 @@ def measure(point: Point, pdl: bool, notes: list[str], step=None) -> dict[str, f
     step = step or DecodeStep(producer, len(point.weights))
     named = candidates(point, pdl)
     errors = {fn: point.error(fn) for fn in dict.fromkeys(named.values())}  # a kernel several names launch: once
-    readings = {fn: [step.time(point.calls(fn))] for fn, err in errors.items() if err <= point.tolerance()}
-    us = confirmed(readings, lambda fn: step.time(point.calls(fn)))
+    weight_us = point.shape.n * point.shape.k * 2 / (peak_dram_bytes_per_s(point.device) or math.inf) * 1e6
+
+    def read(fn) -> float:
+        """One reading; below what the weight bytes take at peak DRAM bandwidth (in the PDL context: less
+        the producer, which the GEMM may overlap) it cannot be right and is taken again, twice at most."""
+        for _ in range(3):
+            us = step.time(point.calls(fn))
+            if us >= weight_us - (step.producer_us if pdl else 0.0):
+                return us
+        return math.inf
+
+    readings = {fn: [read(fn)] for fn, err in errors.items() if err <= point.tolerance()}
+    us = confirmed(readings, read)
     times = {}
     for name, fn in named.items():
-        if fn in us:
-            times[name] = round(us[fn], 3)
-        else:
+        if fn not in us:
             notes.append(f"{point.shape.label()} M={point.m} {name}: relative error {errors[fn]:.3g}, not timed")
+        elif math.isinf(us[fn]):
+            notes.append(f"{point.shape.label()} M={point.m} {name}: kept reading below the DRAM floor "
+                         f"({weight_us:.2f} us for its weights): left out")
+        else:
+            times[name] = round(us[fn], 3)
     return times
 
 
