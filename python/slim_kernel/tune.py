@@ -362,8 +362,7 @@ def run(args) -> int:
         return 2 if "needs a CUDA GPU" in str(exc) else 1
     for note in notes:
         print(f"note: {note}", file=sys.stderr)
+    comparison = against_shipped(data["entries"], data["arch"])
     print(f"tune: {len(shapes)} shapes x {len(ms)} M measured in {time.perf_counter() - start:.0f} s; "
-          f"{len(data['entries'])} points in {path}")
-    if comparison := against_shipped(data["entries"], data["arch"]):
-        print(f"tune: {comparison}")
+          f"{len(data['entries'])} points in {path}" + (f"; {comparison}" if comparison else ""))
     return 0
