@@ -32,9 +32,12 @@ def main() -> int:
         except (OSError, ValueError, TypeError, KeyError) as exc:
             print(f"compare_tables: {path}: {exc}", file=sys.stderr)
             return 2
+    lines = []
     for mine, other in ((args.a, args.b), (args.b, args.a)):
         costs = tune.pick_costs(data[mine]["entries"], routing.Table(data[other], str(other)))
-        print(f"{mine.name}: " + (tune.describe_costs(costs, other.name) if costs else f"no point in common with {other.name}"))
+        lines.append(f"{mine.name}: " + (tune.describe_costs(costs, other.name) if costs
+                                         else f"no point in common with {other.name}"))
+    print("\n".join(lines))  # one write: `| head -1` does not break the pipe mid-way
     return 0
 
 
