@@ -24,17 +24,17 @@ def main() -> int:
     ap.add_argument("a", type=Path)
     ap.add_argument("b", type=Path)
     args = ap.parse_args()
-    data = {}
+    data, tables = {}, {}
     for path in (args.a, args.b):
         try:
             data[path] = json.loads(path.read_text())
-            routing.Table(data[path], str(path))
+            tables[path] = routing.Table(data[path], str(path))
         except (OSError, ValueError, TypeError, KeyError) as exc:
             print(f"compare_tables: {path}: {exc}", file=sys.stderr)
             return 2
     lines = []
     for mine, other in ((args.a, args.b), (args.b, args.a)):
-        costs = tune.pick_costs(data[mine]["entries"], routing.Table(data[other], str(other)))
+        costs = tune.pick_costs(data[mine]["entries"], tables[other])
         lines.append(f"{mine.name}: " + (tune.describe_costs(costs, other.name) if costs
                                          else f"no point in common with {other.name}"))
     print("\n".join(lines))  # one write: `| head -1` does not break the pipe mid-way

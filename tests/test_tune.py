@@ -258,7 +258,9 @@ def fake_measure(monkeypatch):
 
     class FakePoint:
         producers, shape, m, weights, device = {"plain": object(), "pdl": object()}, models.router(256, 6144, "float32"), 5, [0], None
-        checked = []
+
+        def __init__(self):
+            self.checked = []
 
         def error(self, fn):
             self.checked.append(fn)

@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import statistics
 import sys
 import tempfile
 import time
@@ -191,8 +192,6 @@ def confirmed(readings: dict, retime, top: int = 2, reads: int = 3) -> dict:
     is a difference of two medians, and a clock step during one replay can make it far too low
     (run 97: 6.8 µs for a kernel that reads 9.5 µs at the M beside it), so no single lucky reading
     decides a pick. Re-ranks after each confirmation until the fastest ``top`` are all confirmed."""
-    import statistics
-
     med = lambda fn: statistics.median(readings[fn])  # noqa: E731
     while pending := [fn for fn in sorted(readings, key=med)[:top] if len(readings[fn]) < reads]:
         for fn in pending:

@@ -133,11 +133,9 @@ def _router_once(e: int, k: int, dtype: torch.dtype, device: torch.device) -> No
 
 
 def _rmsnorm_once(device: torch.device) -> None:
-    """One call of the producer the PDL launch context times behind (``timing.producers``): builds its module."""
-    import flashinfer.norm
+    """One call of the PDL launch context's producer (``timing.producers``): builds its module."""
+    from ..timing import producers
 
-    x = torch.zeros(1, 128, device=device, dtype=torch.bfloat16)
     with torch.cuda.device(device):
-        flashinfer.norm.rmsnorm(x, torch.ones(128, device=device, dtype=torch.bfloat16), 1e-6, out=torch.empty_like(x),
-                                enable_pdl=True)
+        producers(torch.empty(1, 128, device=device, dtype=torch.bfloat16))["pdl"]()
         torch.cuda.synchronize(device)
