@@ -17,6 +17,10 @@ decode-step pattern of ``slim_kernel/timing.py``:
 * ``default``: the public op with nothing pinned, after the table regenerated from this run's
   candidates was installed.
 
+The anchors and the default are read as tune reads our candidates (a reading below the DRAM floor
+taken again; the fastest two anchors, and the default, the median of three readings), so no ratio
+sets a confirmed time against one lucky reading.
+
 Shapes: every model of slim_kernel/models.py (``--models``), or the ``--router``/``--fused-a``
 ones; M 1..16 and the large-M list (past flashinfer's router and sglang's windows). The
 ``--unnamed-*`` shapes are left out of the table: their ``default`` runs on the estimate, then
@@ -73,10 +77,21 @@ def measure_point(report, anchors: Anchors, shape, m: int, gen, unnamed: bool):
                                pattern="decode", producer=producer, unnamed=unnamed))
         step = DecodeStep(tp.producers[producer], len(tp.weights))
         row.us.update(tune.measure(tp, producer == "pdl", report.notes, step))
-        for name, fn in anchor_impls.items():
-            row.us[f"anchor:{name}"] = round(step.time(tp.calls(fn)), 3)
+        row.us.update(confirmed_times(tp, step, producer == "pdl", anchor_impls, report.notes, "anchor:"))
         rows.append(row)
     return tp, rows
+
+
+def confirmed_times(tp, step, pdl: bool, fns: dict, notes: list, prefix: str = "") -> dict:
+    """µs per call of each of ``fns``, read as tune reads our candidates (floor-checked, the fastest two
+    confirmed by the median of three), so the comparison never sets a confirmed time against a lucky one."""
+    from slim_kernel import tune
+
+    read = tune.floor_checked_reader(tp, step, pdl)
+    us = tune.confirmed({name: [read(fn)] for name, fn in fns.items()}, lambda name: read(fns[name]))
+    for name in [n for n, v in us.items() if v == float("inf")]:
+        notes.append(tune.floor_note(tp, prefix + name, read.weight_us))
+    return {prefix + name: round(v, 3) for name, v in us.items() if v != float("inf")}
 
 
 FAILED: set = set()  # (shape, anchor) that could not run: not tried again at the next M
@@ -125,7 +140,8 @@ def measure_default(report, measured: list, column: str = "default") -> None:
             call = default_call(tp)
             for r in rows:
                 r.choice[column] = default_choice(tp, r.producer == "pdl")
-                r.us[column] = round(DecodeStep(tp.producers[r.producer], len(tp.weights)).time(tp.calls(call)), 3)
+                step = DecodeStep(tp.producers[r.producer], len(tp.weights))
+                r.us.update(confirmed_times(tp, step, r.producer == "pdl", {column: call}, report.notes))
         except Exception as exc:  # noqa: BLE001 - keep phase 1's rows; say what failed
             report.notes.append(f"default path {tp.shape.label()} M={tp.m} failed: {type(exc).__name__}: {exc}")
 

@@ -321,6 +321,39 @@ def test_measure_times_a_kernel_several_names_launch_once(fake_measure):
     assert len(notes) == 2 and all("not timed" in n for n in notes)
 
 
+def test_the_benchmark_reads_anchors_and_the_default_as_tune_reads_candidates(monkeypatch):
+    """An anchor's one lucky reading neither wins a ratio nor survives below the DRAM floor (4 us here):
+    the fastest two anchors keep the median of three floor-checked readings, and so does the default."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmark"))
+    import bench_gemm
+
+    from slim_kernel import timing
+
+    monkeypatch.setattr(timing, "peak_dram_bytes_per_s", lambda device: 256 * 6144 * 2 / 4e-6)
+    lucky, steady, slow, never, default = [(lambda *a: None) for _ in range(5)]
+    reads = {lucky: iter([4.5, 6.0, 6.2]), steady: iter([5.0] * 3), slow: iter([9.0]), never: iter([1.0] * 9),
+             default: iter([4.1, 5.5, 5.4])}
+
+    class FakeStep:
+        producer_us = 0.0
+
+        def time(self, fn):
+            return next(reads[fn])
+
+    class FakePoint:
+        shape, m, device = models.router(256, 6144, "float32"), 5, None
+
+        def calls(self, fn):
+            return fn
+
+    notes = []
+    anchors = {"lucky": lucky, "steady": steady, "slow": slow, "never": never}
+    times = bench_gemm.confirmed_times(FakePoint(), FakeStep(), False, anchors, notes, "anchor:")
+    assert times == {"anchor:lucky": 6.0, "anchor:steady": 5.0, "anchor:slow": 9.0}
+    assert len(notes) == 1 and "anchor:never: kept reading below the DRAM floor" in notes[0]
+    assert bench_gemm.confirmed_times(FakePoint(), FakeStep(), False, {"default": default}, notes) == {"default": 5.4}
+
+
 def test_a_lucky_reading_does_not_decide_a_pick():
     """The fastest two are read three times and keep their median; a candidate that falls back out of the
     top two after its confirmation hands the next one its confirmation; the slow ones keep one reading."""

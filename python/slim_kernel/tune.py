@@ -150,11 +150,30 @@ def _flashinfer_programs(op: str, k: int, pdl: bool) -> list[str]:
     return [name for name in FLASHINFER_FUSED_A_PROGRAMS if fb.fused_a_program(name, k, pdl) is not None]
 
 
+def floor_checked_reader(point: Point, step, pdl: bool):
+    """``read(fn)``: one decode-step reading of ``fn`` after ``step``'s producer, in µs per call. A reading
+    below what the weight bytes take at peak DRAM bandwidth (in the PDL context: less the producer,
+    which the GEMM may overlap) cannot be right and is taken again, twice at most; then it is inf."""
+    from .timing import peak_dram_bytes_per_s
+
+    weight_us = point.shape.n * point.shape.k * 2 / (peak_dram_bytes_per_s(point.device) or math.inf) * 1e6
+
+    def read(fn) -> float:
+        for _ in range(3):
+            us = step.time(point.calls(fn))
+            if us >= weight_us - (step.producer_us if pdl else 0.0):
+                return us
+        return math.inf
+
+    read.weight_us = weight_us
+    return read
+
+
 def measure(point: Point, pdl: bool, notes: list[str], step=None) -> dict[str, float]:
     """µs per call of every correct candidate at ``point`` in one launch context (the PDL-aware
     producer with PDL launches, or the plain one without). ``step``: that producer's
     ``timing.DecodeStep`` when the caller times more after it (made here otherwise)."""
-    from .timing import DecodeStep, peak_dram_bytes_per_s
+    from .timing import DecodeStep
 
     producer = point.producers.get("pdl" if pdl else "plain")
     if producer is None:
@@ -162,17 +181,7 @@ def measure(point: Point, pdl: bool, notes: list[str], step=None) -> dict[str, f
     step = step or DecodeStep(producer, len(point.weights))
     named = candidates(point, pdl)
     errors = {fn: point.error(fn) for fn in dict.fromkeys(named.values())}  # a kernel several names launch: once
-    weight_us = point.shape.n * point.shape.k * 2 / (peak_dram_bytes_per_s(point.device) or math.inf) * 1e6
-
-    def read(fn) -> float:
-        """One reading; below what the weight bytes take at peak DRAM bandwidth (in the PDL context: less
-        the producer, which the GEMM may overlap) it cannot be right and is taken again, twice at most."""
-        for _ in range(3):
-            us = step.time(point.calls(fn))
-            if us >= weight_us - (step.producer_us if pdl else 0.0):
-                return us
-        return math.inf
-
+    read = floor_checked_reader(point, step, pdl)
     readings = {fn: [read(fn)] for fn, err in errors.items() if err <= point.tolerance()}
     us = confirmed(readings, read)
     times = {}
@@ -180,11 +189,15 @@ def measure(point: Point, pdl: bool, notes: list[str], step=None) -> dict[str, f
         if fn not in us:
             notes.append(f"{point.shape.label()} M={point.m} {name}: relative error {errors[fn]:.3g}, not timed")
         elif math.isinf(us[fn]):
-            notes.append(f"{point.shape.label()} M={point.m} {name}: kept reading below the DRAM floor "
-                         f"({weight_us:.2f} us for its weights): left out")
+            notes.append(floor_note(point, name, read.weight_us))
         else:
             times[name] = round(us[fn], 3)
     return times
+
+
+def floor_note(point: Point, name: str, weight_us: float) -> str:
+    return (f"{point.shape.label()} M={point.m} {name}: kept reading below the DRAM floor "
+            f"({weight_us:.2f} us for its weights): left out")
 
 
 def confirmed(readings: dict, retime, top: int = 2, reads: int = 3) -> dict:
