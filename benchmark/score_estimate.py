@@ -67,14 +67,16 @@ def main() -> int:
             without[key] = [routing.Table(data | {"entries": rest}, args.table)]
         return without[key]
 
+    lines = []
     for label, subset, tables_for in (("unnamed", [r for r in rows if r.get("unnamed")], lambda r: whole),
                                       ("leave-one-shape-out", rows, loso)):
         if not subset:
-            print(f"{label}: no rows")
+            lines.append(f"{label}: no rows")
             continue
         over, worst, regret = _score(subset, tables_for, device, args.flashinfer, args.list)
-        print(f"{label} ({args.producer}): {over} of {len(subset)} points > 1.10x the best anchor, worst "
-              f"{worst:.2f}x; mean regret vs our best {regret:.3f}")
+        lines.append(f"{label} ({args.producer}): {over} of {len(subset)} points > 1.10x the best anchor, worst "
+                     f"{worst:.2f}x; mean regret vs our best {regret:.3f}")
+    print("\n".join(lines))  # one write: `| head -1` does not break the pipe mid-way
     return 0
 
 
