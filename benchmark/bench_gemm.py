@@ -77,21 +77,10 @@ def measure_point(report, anchors: Anchors, shape, m: int, gen, unnamed: bool):
                                pattern="decode", producer=producer, unnamed=unnamed))
         step = DecodeStep(tp.producers[producer], len(tp.weights))
         row.us.update(tune.measure(tp, producer == "pdl", report.notes, step))
-        row.us.update(confirmed_times(tp, step, producer == "pdl", anchor_impls, report.notes, "anchor:"))
+        anchor_fns = {f"anchor:{name}": fn for name, fn in anchor_impls.items()}
+        row.us.update(tune.read_confirmed(tp, step, producer == "pdl", anchor_fns, report.notes))
         rows.append(row)
     return tp, rows
-
-
-def confirmed_times(tp, step, pdl: bool, fns: dict, notes: list, prefix: str = "") -> dict:
-    """µs per call of each of ``fns``, read as tune reads our candidates (floor-checked, the fastest two
-    confirmed by the median of three), so the comparison never sets a confirmed time against a lucky one."""
-    from slim_kernel import tune
-
-    read = tune.floor_checked_reader(tp, step, pdl)
-    us = tune.confirmed({name: [read(fn)] for name, fn in fns.items()}, lambda name: read(fns[name]))
-    for name in [n for n, v in us.items() if v == float("inf")]:
-        notes.append(tune.floor_note(tp, prefix + name, read.weight_us))
-    return {prefix + name: round(v, 3) for name, v in us.items() if v != float("inf")}
 
 
 FAILED: set = set()  # (shape, anchor) that could not run: not tried again at the next M
@@ -133,6 +122,7 @@ def default_choice(tp, pdl: bool) -> str:
 
 def measure_default(report, measured: list, column: str = "default") -> None:
     """Phase 2: the public op with nothing pinned, as routed now."""
+    from slim_kernel import tune
     from slim_kernel.timing import DecodeStep
 
     for tp, rows in measured:
@@ -141,7 +131,7 @@ def measure_default(report, measured: list, column: str = "default") -> None:
             for r in rows:
                 r.choice[column] = default_choice(tp, r.producer == "pdl")
                 step = DecodeStep(tp.producers[r.producer], len(tp.weights))
-                r.us.update(confirmed_times(tp, step, r.producer == "pdl", {column: call}, report.notes))
+                r.us.update(tune.read_confirmed(tp, step, r.producer == "pdl", {column: call}, report.notes))
         except Exception as exc:  # noqa: BLE001 - keep phase 1's rows; say what failed
             report.notes.append(f"default path {tp.shape.label()} M={tp.m} failed: {type(exc).__name__}: {exc}")
 

@@ -323,10 +323,8 @@ def test_measure_times_a_kernel_several_names_launch_once(fake_measure):
 
 def test_the_benchmark_reads_anchors_and_the_default_as_tune_reads_candidates(monkeypatch):
     """An anchor's one lucky reading neither wins a ratio nor survives below the DRAM floor (4 us here):
-    the fastest two anchors keep the median of three floor-checked readings, and so does the default."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmark"))
-    import bench_gemm
-
+    the fastest two anchors keep the median of three floor-checked readings, and so does the default
+    (benchmark/bench_gemm.py reads both through tune.read_confirmed, as tune.measure reads candidates)."""
     from slim_kernel import timing
 
     monkeypatch.setattr(timing, "peak_dram_bytes_per_s", lambda device: 256 * 6144 * 2 / 4e-6)
@@ -348,10 +346,10 @@ def test_the_benchmark_reads_anchors_and_the_default_as_tune_reads_candidates(mo
 
     notes = []
     anchors = {"lucky": lucky, "steady": steady, "slow": slow, "never": never}
-    times = bench_gemm.confirmed_times(FakePoint(), FakeStep(), False, anchors, notes, "anchor:")
+    times = tune.read_confirmed(FakePoint(), FakeStep(), False, {f"anchor:{k}": fn for k, fn in anchors.items()}, notes)
     assert times == {"anchor:lucky": 6.0, "anchor:steady": 5.0, "anchor:slow": 9.0}
     assert len(notes) == 1 and "anchor:never: kept reading below the DRAM floor" in notes[0]
-    assert bench_gemm.confirmed_times(FakePoint(), FakeStep(), False, {"default": default}, notes) == {"default": 5.4}
+    assert tune.read_confirmed(FakePoint(), FakeStep(), False, {"default": default}, notes) == {"default": 5.4}
 
 
 def test_a_lucky_reading_does_not_decide_a_pick():

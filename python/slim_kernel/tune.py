@@ -150,23 +150,30 @@ def _flashinfer_programs(op: str, k: int, pdl: bool) -> list[str]:
     return [name for name in FLASHINFER_FUSED_A_PROGRAMS if fb.fused_a_program(name, k, pdl) is not None]
 
 
-def floor_checked_reader(point: Point, step, pdl: bool):
-    """``read(fn)``: one decode-step reading of ``fn`` after ``step``'s producer, in µs per call. A reading
-    below what the weight bytes take at peak DRAM bandwidth (in the PDL context: less the producer,
-    which the GEMM may overlap) cannot be right and is taken again, twice at most; then it is inf."""
+def read_confirmed(point: Point, step, pdl: bool, fns: dict, notes: list[str]) -> dict[str, float]:
+    """``{name: µs per call}`` of ``fns`` (``{name: fn(output, *inputs)}``) after ``step``'s producer, the
+    fastest two confirmed (:func:`confirmed`). A reading below what the weight bytes take at peak DRAM
+    bandwidth (in the PDL context: less the producer, which the GEMM may overlap) cannot be right and is
+    taken again, twice at most; a name that keeps reading below it is left out with a note."""
     from .timing import peak_dram_bytes_per_s
 
     weight_us = point.shape.n * point.shape.k * 2 / (peak_dram_bytes_per_s(point.device) or math.inf) * 1e6
 
-    def read(fn) -> float:
+    def read(name) -> float:
         for _ in range(3):
-            us = step.time(point.calls(fn))
+            us = step.time(point.calls(fns[name]))
             if us >= weight_us - (step.producer_us if pdl else 0.0):
                 return us
         return math.inf
 
-    read.weight_us = weight_us
-    return read
+    times = {}
+    for name, us in confirmed({name: [read(name)] for name in fns}, read).items():
+        if math.isinf(us):
+            notes.append(f"{point.shape.label()} M={point.m} {name}: kept reading below the DRAM floor "
+                         f"({weight_us:.2f} us for its weights): left out")
+        else:
+            times[name] = round(us, 3)
+    return times
 
 
 def measure(point: Point, pdl: bool, notes: list[str], step=None) -> dict[str, float]:
@@ -180,24 +187,19 @@ def measure(point: Point, pdl: bool, notes: list[str], step=None) -> dict[str, f
         return {}
     step = step or DecodeStep(producer, len(point.weights))
     named = candidates(point, pdl)
-    errors = {fn: point.error(fn) for fn in dict.fromkeys(named.values())}  # a kernel several names launch: once
-    read = floor_checked_reader(point, step, pdl)
-    readings = {fn: [read(fn)] for fn, err in errors.items() if err <= point.tolerance()}
-    us = confirmed(readings, read)
+    first = {}  # fn -> its first name: a kernel several names launch is checked and timed once
+    for name, fn in named.items():
+        first.setdefault(fn, name)
+    errors = {fn: point.error(fn) for fn in first}
+    us = read_confirmed(point, step, pdl, {name: fn for fn, name in first.items()
+                                           if errors[fn] <= point.tolerance()}, notes)
     times = {}
     for name, fn in named.items():
-        if fn not in us:
+        if errors[fn] > point.tolerance():
             notes.append(f"{point.shape.label()} M={point.m} {name}: relative error {errors[fn]:.3g}, not timed")
-        elif math.isinf(us[fn]):
-            notes.append(floor_note(point, name, read.weight_us))
-        else:
-            times[name] = round(us[fn], 3)
+        elif first[fn] in us:
+            times[name] = us[first[fn]]
     return times
-
-
-def floor_note(point: Point, name: str, weight_us: float) -> str:
-    return (f"{point.shape.label()} M={point.m} {name}: kept reading below the DRAM floor "
-            f"({weight_us:.2f} us for its weights): left out")
 
 
 def confirmed(readings: dict, retime, top: int = 2, reads: int = 3) -> dict:
