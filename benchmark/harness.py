@@ -123,7 +123,7 @@ def start_report() -> tuple[Report, float]:
     props = torch.cuda.get_device_properties(torch.cuda.current_device())
     report = Report(command=command_line(), device=device_name(), torch=torch.__version__, hbm_read_GBps=bw / 1e9,
                     launch_floor_us=floor, sms=props.multi_processor_count)
-    report.notes.append(f"{CALLS} calls per graph, median of {REPS} replays; cold = weights rotated over "
+    report.notes.append(f">= {CALLS} calls per graph (decode step: one producer more first), median of {REPS} replays; cold = weights rotated over "
                         f">= {rotate_bytes() >> 20} MiB of copies (more than twice the {props.L2_cache_size >> 20} MiB L2)")
     return report, t0
 

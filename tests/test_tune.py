@@ -393,3 +393,25 @@ def test_compare_tables_reports_both_directions_and_refuses_a_bad_table(tmp_path
                    "b.json: the same pick as a.json at 1 of 2 points; its pick at most 2.33x this one's (1 points over 1.02x)"]
     monkeypatch.setattr(sys, "argv", ["compare_tables.py", str(tmp_path / "a.json"), str(tmp_path / "bad.json")])
     assert compare_tables.main() == 2 and "bad.json" in capsys.readouterr().err
+
+
+def test_the_decode_step_graph_opens_with_a_producer_and_holds_at_least_calls_gemms(monkeypatch):
+    """No producer is its graph's first node (as in a model, so PDL's auto mode sees the PDL-aware producer's
+    programmatic edge for every GEMM), both graphs hold >= CALLS calls however few weight copies rotate, and
+    the per-call time is the pair graph's excess over the producers alone, per GEMM."""
+    from slim_kernel import timing
+
+    captured = []
+    monkeypatch.setattr(timing, "capture", lambda seq: captured.append(list(seq)) or len(captured) - 1)
+    monkeypatch.setattr(timing, "replay_ms", lambda graphs, reps: [[0.49 * 2 + 0.01], [0.49]])
+    producer, copies = (lambda: None), [(lambda: None) for _ in range(6)]
+    step = timing.DecodeStep(producer, len(copies))
+    us = step.time(copies)
+    alone, pairs = captured
+    n = timing.CALLS
+    assert alone == [producer] * (n + 1)
+    assert pairs[0] is producer and pairs[1::2] == [producer] * n and len(pairs) == 2 * n + 1
+    assert pairs[2::2] == [copies[i % 6] for i in range(n)]
+    assert us == pytest.approx((0.99 - 0.49) * 1e3 / n) and step.producer_us == pytest.approx(490 / (n + 1))
+    with pytest.raises(ValueError, match="weight copies"):
+        step.time([(lambda: None)] * (n + 2))
