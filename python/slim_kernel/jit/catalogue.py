@@ -427,11 +427,6 @@ VARIANTS: dict[str, dict[str, GemmConfig]] = {
         # 32 rows per CTA: one wave where 16-row CTAs take two (GLM-5's 2624 rows: 82 CTAs, not 164)
         "stream_r2": Stream(stages=4, pieces=2, rt=2),
         "stream_r2c": Stream(stages=8, pieces=1, rt=2),
-        # deeper 32-row rings at M <= 8 (run 106): more weight bytes in flight when the PDL wait resolves. sglang's
-        # ring at 2624x6144 M <= 8 is 9 stages of 32 rows x 256 k (144 KB of weights per CTA); stream_r2's is 128 KB
-        "stream_r2s5": Stream(stages=5, pieces=2, rt=2),  # 160 KB of weights at M <= 8 (= stream_r2 at M 9-16)
-        "stream_r2c9": Stream(stages=9, pieces=1, rt=2),  # 144 KB, sglang's ring
-        "stream_r2c11": Stream(stages=11, pieces=1, rt=2),  # 176 KB
     },
 }
 FALLBACK_VARIANT = "skinny"  # serves every M of both ops: the choice where nothing was measured
