@@ -4,7 +4,8 @@ Each GEMM follows, on the same stream inside a CUDA graph, the kernel that write
 (the producer); weights rotate over enough distinct copies that the bytes touched between two
 uses of one copy exceed twice the L2 (cold, as in a model: every layer has its own weights). Per
 call = (median replay of ``CALLS`` producer+GEMM pairs - median replay of the producers alone) /
-``CALLS`` (both graphs open with one producer more), the two graphs replayed alternately so drift hits both (:class:`DecodeStep`).
+``CALLS`` (both graphs open with one producer more), the two graphs replayed alternately so drift
+hits both (:class:`DecodeStep`).
 Back-to-back calls of one GEMM (:func:`time_graph`) let its PDL prologue overlap its own previous
 call, which no model does: the benchmark reports them, routing never uses them.
 """
