@@ -252,6 +252,14 @@ _FAKE_RUN = textwrap.dedent("""
         r["smem"] = last()
         r["smem_limit"] = s.impl.smem_limit
         r["smem_attr"] = s.impl.attribute(8)
+        s.prefer_carveout(40)
+        s.prefer_carveout(None)  # the driver's choice asked for: the 40 stays
+        s.prefer_carveout(25)  # never lowered
+        r["carveout"] = [s.carveout, s.impl.attribute(9)]
+        try:
+            s.impl.set_attribute(9, 101)
+        except RuntimeError as exc:
+            r["bad_carveout"] = str(exc)
         try:
             k.launch((1, 1, 1), (2048, 1, 1), (1, 2, 3, 4, 1.0, 1), stream=0)
         except RuntimeError as exc:
@@ -306,6 +314,8 @@ def _check_fake_launches(r: dict) -> None:
     assert r["depth_with_current"] == 1
     assert r["smem"]["smem"] == 100 * 1024 and r["smem_limit"] == 100 * 1024 and r["smem_attr"] == 100 * 1024
     assert r["smem"]["params"] == ["0000000000000005", "0000000000000006", "0000000000006400"]
+    assert r["carveout"] == [40, 40] and "cuFuncSetAttribute(9=101)" in r["bad_carveout"]
+    assert "CUDA_ERROR_INVALID_VALUE" in r["bad_carveout"]
     assert "launch of fixture_axpby" in r["bad_block"] and "CUDA_ERROR_INVALID_VALUE" in r["bad_block"]
     assert "CUDA_ERROR_INVALID_DEVICE" in r["bad_device"]
     assert r["capture_load_ok"] is True and r["capture_mode_after"] == 0
@@ -328,3 +338,48 @@ def test_native_launcher_against_fake_driver(fake_driver, native_build):
     _check_fake_launches(report["python"])
     for key in ("plain", "pdl_cluster", "lists", "thread", "smem", "device1"):
         assert report["native"][key] == report["python"][key], key
+
+
+# ---- the preferred shared-memory carveout (jit/runtime.py) ----------------------------------
+
+H200_SMEM_PER_SM = 228 * 1024
+
+
+def test_carveout_leaves_room_beside_the_ctas_an_sm_gets():
+    from slim_kernel.jit.runtime import carveout_percent
+
+    # GLM-5's router at M=10 (narrow_r2k6c, 31 KB, 128 CTAs on 132 SMs): the driver's 32 KB would leave
+    # no room for the kernel before it; 2 KB of room asks for 15% (34 KB, served as 64 KB)
+    assert carveout_percent(31744, 128, 132, H200_SMEM_PER_SM, 2048) == 15
+    # 228 CTAs on 132 SMs: two CTAs per SM stay resident, plus the room (stream_w3 at Kimi-K3's 3648 rows)
+    assert carveout_percent(104448, 228, 132, H200_SMEM_PER_SM, 2048) == 92
+    # never more than the SM has, and never below what the CTAs need
+    assert carveout_percent(200_000, 132, 132, H200_SMEM_PER_SM, 64 * 1024) == 100
+    for smem, ctas, room in ((0, 1, 1), (1000, 400, 4096), (50_000, 500, 1), (120_000, 132, 2048)):
+        pct = carveout_percent(smem, ctas, 132, H200_SMEM_PER_SM, room)
+        per_sm = min(-(-ctas // 132), H200_SMEM_PER_SM // (smem + 1024))
+        assert 0 < pct <= 100 and pct * H200_SMEM_PER_SM / 100 >= min(H200_SMEM_PER_SM, per_sm * (smem + 1024) + room)
+    # the driver's choice: no room asked for, no CTA fits, or the SM's size unknown
+    assert carveout_percent(31744, 128, 132, H200_SMEM_PER_SM, 0) is None
+    assert carveout_percent(H200_SMEM_PER_SM, 1, 132, H200_SMEM_PER_SM, 2048) is None
+    assert carveout_percent(31744, 128, 132, 0, 2048) is None
+
+
+@pytest.mark.parametrize("raw,value", [(None, 2048), ("", 2048), ("0", 0), (" 32768 ", 32768)])
+def test_smem_room_knob(monkeypatch, raw, value):
+    from slim_kernel import knobs
+
+    if raw is None:
+        monkeypatch.delenv(knobs.ENV_SMEM_ROOM, raising=False)
+    else:
+        monkeypatch.setenv(knobs.ENV_SMEM_ROOM, raw)
+    assert knobs.smem_room() == value
+
+
+@pytest.mark.parametrize("raw", ["-1", "2k", "1.5", str((1 << 20) + 1)])
+def test_a_bad_smem_room_names_the_variable(monkeypatch, raw):
+    from slim_kernel import knobs
+
+    monkeypatch.setenv(knobs.ENV_SMEM_ROOM, raw)
+    with pytest.raises(ValueError, match="SLIM_KERNEL_SMEM_ROOM"):
+        knobs.smem_room()

@@ -354,6 +354,14 @@ class Kernel {
            r);
   }
 
+  void set_attribute(int attr, int value) {
+    Driver& d = driver();
+    ContextScope scope(d, ctx_);
+    RelaxedCapture relaxed(d);
+    check(d.cuFuncSetAttribute(func_, attr, value),
+          ("cuFuncSetAttribute(" + std::to_string(attr) + "=" + std::to_string(value) + ") for " + entry_).c_str());
+  }
+
   int attribute(int attr) {
     Driver& d = driver();
     ContextScope scope(d, ctx_);
@@ -418,6 +426,7 @@ NB_MODULE(_native, m) {
            nb::arg("stream"), nb::arg("smem") = 0, nb::arg("pdl") = nb::bool_(false), nb::arg("cluster") = nb::none(),
            "launch on the raw cudaStream_t `stream`; args are packed by the kernel's signature")
       .def("attribute", &Kernel::attribute, nb::arg("attr"), "cuFuncGetAttribute(attr)")
+      .def("set_attribute", &Kernel::set_attribute, nb::arg("attr"), nb::arg("value"), "cuFuncSetAttribute(attr, value)")
       .def_prop_ro("entry", &Kernel::entry)
       .def_prop_ro("signature", &Kernel::signature)
       .def_prop_ro("device", &Kernel::device)

@@ -15,6 +15,10 @@ ENV_PDL = "SLIM_KERNEL_PDL"
 # (cache-only), or leave the call to the next backend with one warning (cache-or-fallback).
 ENV_JIT = "SLIM_KERNEL_JIT"
 JIT_MODES = ("compile", "cache-only", "cache-or-fallback")
+# Shared memory (bytes) each SM keeps free, beside our CTAs, for a CTA of the kernel before ours (0: the
+# driver's carveout choice); read when a call is planned (jit/runtime.py carveout_percent)
+ENV_SMEM_ROOM = "SLIM_KERNEL_SMEM_ROOM"
+SMEM_ROOM_DEFAULT = 2048
 _FALSE = ("0", "false", "off", "no")
 _TRUE = ("1", "true", "on", "yes")
 
@@ -70,6 +74,21 @@ def jit_mode() -> str:
     value = (raw or "").strip().lower() or "compile"
     if value not in JIT_MODES:
         raise ValueError(f"{ENV_JIT} must be one of {', '.join(JIT_MODES)}, got {raw!r}")
+    return value
+
+
+def smem_room() -> int:
+    """``SLIM_KERNEL_SMEM_ROOM``: bytes of an SM's shared memory left for the kernel before ours (default
+    2048: a small kernel's CTA, e.g. flashinfer's RMSNorm; 0: the driver's choice)."""
+    raw = os.environ.get(ENV_SMEM_ROOM)
+    if raw is None or not raw.strip():
+        return SMEM_ROOM_DEFAULT
+    try:
+        value = int(raw.strip())
+    except ValueError:
+        value = -1
+    if not 0 <= value <= 1 << 20:
+        raise ValueError(f"{ENV_SMEM_ROOM} must be a number of bytes from 0 to {1 << 20}, got {raw!r}")
     return value
 
 

@@ -48,6 +48,7 @@ static int g_nfuncs;
 static int g_nparams;  // the parameter count of the next launches (8-byte slots each)
 static char g_last[16384];
 static int g_smem_attr[64];
+static int g_carveout_attr[64];
 static int g_launches;
 static int g_capturing;          // a global-mode capture is in progress (fake_set_capturing)
 static __thread int t_mode;      // this thread's capture mode: 0 global, 1 thread-local, 2 relaxed
@@ -135,12 +136,16 @@ CUresult cuFuncSetAttribute(void* fn, int attr, int value) {
     if (value > 227 * 1024) return INVALID_VALUE;
     g_smem_attr[f - g_funcs] = value;
   }
+  if (attr == 9) {  // PREFERRED_SHARED_MEMORY_CARVEOUT: -1 (the driver's choice) or a percent
+    if (value < -1 || value > 100) return INVALID_VALUE;
+    g_carveout_attr[f - g_funcs] = value;
+  }
   return OK;
 }
 CUresult cuFuncGetAttribute(int* value, int attr, void* fn) {
   FakeFunc* f = fn;
   if (current() != f->ctx) return INVALID_CONTEXT;
-  *value = attr == 8 ? g_smem_attr[f - g_funcs] : 0;
+  *value = attr == 8 ? g_smem_attr[f - g_funcs] : attr == 9 ? g_carveout_attr[f - g_funcs] : 0;
   return OK;
 }
 CUresult cuLaunchKernelEx(const LaunchConfig* cfg, void* fn, void** params, void** extra) {

@@ -25,14 +25,16 @@ from ..pdl import launch_pdl
 from ..registry import CallNotServed
 
 _INT32_MAX = 2**31 - 1
-_SM_COUNT: dict[int, int] = {}
+_SMS: dict[int, tuple[int, int]] = {}
 
 
-def _sm_count(device_index: int) -> int:
-    n = _SM_COUNT.get(device_index)
-    if n is None:
-        n = _SM_COUNT[device_index] = torch.cuda.get_device_properties(device_index).multi_processor_count
-    return n
+def _sms(device_index: int) -> tuple[int, int]:
+    """(SM count, shared memory per SM in bytes; 0 where torch does not say)."""
+    got = _SMS.get(device_index)
+    if got is None:
+        props = torch.cuda.get_device_properties(device_index)
+        got = _SMS[device_index] = (props.multi_processor_count, getattr(props, "shared_memory_per_multiprocessor", 0))
+    return got
 
 
 try:  # the raw stream handle without building a torch.cuda.Stream object
@@ -48,6 +50,7 @@ def _prepare(op: str, output: torch.Tensor, act: torch.Tensor, n: int, ldw: int,
     context (``pdl``: with PDL or not; None: as slim_kernel.pdl decides now)."""
     from ..jit import get_kernel
     from ..jit.cache import CacheMissError
+    from ..jit.runtime import carveout_percent
 
     m, k = act.shape
     dev = devices.index(act.device)  # the tensors' device: kernel, SM count, stream (slim_kernel/devices.py)
@@ -59,10 +62,12 @@ def _prepare(op: str, output: torch.Tensor, act: torch.Tensor, n: int, ldw: int,
         if knobs.jit_mode() != "cache-or-fallback":
             raise
         raise CallNotServed(f"cannot serve this call without compiling: {exc}") from None
-    grid, block, cluster = cfg.geometry(n, k, _sm_count(dev))
+    sms, smem_per_sm = _sms(dev)
+    grid, block, cluster = cfg.geometry(n, k, sms)
     smem = cfg.smem(m, (n, k))
     if smem > cat.MAX_SMEM:
         raise ValueError(f"{op}: JIT config {cfg} needs {smem} bytes of shared memory at M={m} (max {cat.MAX_SMEM})")
+    kernel.prefer_carveout(carveout_percent(smem, grid[0] * grid[1] * grid[2], sms, smem_per_sm, knobs.smem_room()))
     launch = kernel.launch
     lda = act.stride(0) if m > 1 else k
     ldo = output.stride(0)

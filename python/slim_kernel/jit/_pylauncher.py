@@ -168,6 +168,12 @@ class Kernel:
         with _ContextScope(cu, self._ctx):
             return _check(cu, cu.cuFuncGetAttribute(cu.CUfunction_attribute(attr), self._func), "cuFuncGetAttribute")
 
+    def set_attribute(self, attr: int, value: int) -> None:
+        cu = self._cu
+        with _ContextScope(cu, self._ctx), _RelaxedCapture(cu):
+            _check(cu, cu.cuFuncSetAttribute(self._func, cu.CUfunction_attribute(attr), value),
+                   f"cuFuncSetAttribute({attr}={value}) for {self.entry}")
+
     def _params(self):
         """This thread's ``(storage, address of the pointer array)``."""
         local = self._local
