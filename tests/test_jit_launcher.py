@@ -363,9 +363,10 @@ def test_carveout_leaves_room_beside_the_ctas_an_sm_gets():
     assert carveout_percent(31744, 128, 132, H200_SMEM_PER_SM, 0) is None
     assert carveout_percent(H200_SMEM_PER_SM, 1, 132, H200_SMEM_PER_SM, 2048) is None
     assert carveout_percent(31744, 128, 132, 0, 2048) is None
+    assert carveout_percent(70784, 128, 132, H200_SMEM_PER_SM, 2048, cluster=True) is None  # ring_c8 at M 9-16
 
 
-@pytest.mark.parametrize("raw,value", [(None, 2048), ("", 2048), ("0", 0), (" 32768 ", 32768)])
+@pytest.mark.parametrize("raw,value", [(None, 32768), ("", 32768), ("0", 0), (" 2048 ", 2048)])
 def test_smem_room_knob(monkeypatch, raw, value):
     from slim_kernel import knobs
 

@@ -67,7 +67,8 @@ def _prepare(op: str, output: torch.Tensor, act: torch.Tensor, n: int, ldw: int,
     smem = cfg.smem(m, (n, k))
     if smem > cat.MAX_SMEM:
         raise ValueError(f"{op}: JIT config {cfg} needs {smem} bytes of shared memory at M={m} (max {cat.MAX_SMEM})")
-    kernel.prefer_carveout(carveout_percent(smem, grid[0] * grid[1] * grid[2], sms, smem_per_sm, knobs.smem_room()))
+    kernel.prefer_carveout(carveout_percent(smem, grid[0] * grid[1] * grid[2], sms, smem_per_sm, knobs.smem_room(),
+                                            cluster is not None))
     launch = kernel.launch
     lda = act.stride(0) if m > 1 else k
     ldo = output.stride(0)

@@ -24,16 +24,18 @@ CARVEOUT_ATTR = 9  # CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT
 SMEM_RESERVED_PER_CTA = 1024  # what the driver keeps of an SM's shared memory for each resident CTA (sm_80, sm_90)
 
 
-def carveout_percent(smem: int, ctas: int, sms: int, per_sm: int, room: int) -> int | None:
+def carveout_percent(smem: int, ctas: int, sms: int, per_sm: int, room: int, cluster: bool = False) -> int | None:
     """The preferred shared-memory carveout (percent of ``per_sm``, the SM's shared memory) for a kernel
     of ``ctas`` CTAs of ``smem`` bytes: what the CTAs the grid puts on one SM need, plus ``room`` bytes for
     a CTA of the kernel before it on the stream. With PDL our CTAs start while that kernel's last CTAs
     run; where the driver's own choice leaves them no room, those SMs take our CTA only after theirs
-    exit (GLM-5's router at M=10, 31 KB in a 32 KB carveout: 4.31 us against 3.64 with room, run 109).
-    None: leave the driver's choice (``room`` 0, or no CTA fits)."""
+    exit (H200, GLM-5's router at M=10: 31 KB in a 32 KB carveout, 4.31 us against 3.59 with room after
+    flashinfer's RMSNorm, 4.57 against 3.57 after its fused_add_rmsnorm, whose CTA takes 24-29 KB; runs 109-111).
+    None: leave the driver's choice: no room asked for, no CTA fits, or a cluster launch (sized for one
+    CTA per SM, 8-CTA clusters of ring_c8 and skinny took a second wave: 1.6-1.8x slower, run 111)."""
     block = smem + SMEM_RESERVED_PER_CTA
     fit = per_sm // block if per_sm > 0 else 0
-    if room <= 0 or fit < 1:
+    if room <= 0 or fit < 1 or cluster:
         return None
     need = min(per_sm, min(fit, -(-ctas // max(sms, 1))) * block + room)
     return -(-100 * need // per_sm)
