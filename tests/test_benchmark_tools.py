@@ -58,3 +58,20 @@ def test_pm_series_refuses_a_page_without_the_series(tmp_path):
     (tmp_path / "ncu.csv").write_text('"ID","Kernel Name"\n"",""\n"0","k"\n')
     with pytest.raises(ValueError, match="not a PM-sampling raw page"):
         pm_series.main(str(tmp_path / "ncu.csv"))
+
+
+def test_carveout_ab_times_the_picks_whose_carveout_the_room_changes():
+    import carveout_ab as ab
+
+    from slim_kernel.jit import catalogue as cat
+    from slim_kernel.names import FUSED_A, ROUTER
+
+    table = json.loads((Path(ab.ROOT) / "python/slim_kernel/tables/routing_sm90.json").read_text())
+    todo = ab.points(table, "0.7.4", 32768, 132, 228 * 1024)
+    assert set(ab.GLM5) <= set(todo)
+    assert todo[(ROUTER, (256, 6144, "float32"), 10)] >= {"jit:narrow_r2k6c"}
+    for (op, (n, k, _), _m), names in todo.items():
+        for name in names:  # cluster launches keep the driver's carveout: never an A/B point of their own
+            assert cat.VARIANTS[op][name[4:]].geometry(n, k, 132)[2] is None or (op, n) in ((ROUTER, 256), (FUSED_A, 2624))
+    assert len(ab.points(table, "0.7.4", 1, 132, 228 * 1024)) < len(todo)  # less room, fewer changes
+    assert ab.capacity(31744 + 1024) == 32 and ab.capacity(32769) == 64 and ab.capacity(300 * 1024) == 228

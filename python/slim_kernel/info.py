@@ -56,6 +56,7 @@ def _knobs() -> tuple[dict, list[str]]:
 
     check(knobs.ENV_PDL, "pdl", pdl)
     check(knobs.ENV_JIT, knobs.ENV_JIT, knobs.jit_mode)
+    check(knobs.ENV_SMEM_ROOM, knobs.ENV_SMEM_ROOM, knobs.smem_room)
     for op in OPS:
         check(registry.env_var(op), registry.env_var(op),
               lambda op=op: getattr(registry.pinned_backend(op, None)[0], "value", None))
