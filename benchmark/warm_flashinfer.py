@@ -9,8 +9,12 @@ to build them in parallel (benchmark/gpu_run.sh does).
 
 import sys
 import time
+from pathlib import Path
 
 import torch
+
+# gpu_run.sh lists the steps before it installs slim-kernel: the shapes come from the source tree then
+sys.path.append(str(Path(__file__).resolve().parents[1] / "python"))
 
 
 def steps() -> dict:

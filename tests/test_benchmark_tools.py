@@ -75,3 +75,21 @@ def test_carveout_ab_times_the_picks_whose_carveout_the_room_changes():
             assert cat.VARIANTS[op][name[4:]].geometry(n, k, 132)[2] is None or (op, n) in ((ROUTER, 256), (FUSED_A, 2624))
     assert len(ab.points(table, "0.7.4", 1, 132, 228 * 1024)) < len(todo)  # less room, fewer changes
     assert ab.capacity(31744 + 1024) == 32 and ab.capacity(32769) == 64 and ab.capacity(300 * 1024) == 228
+
+
+def test_warm_flashinfer_lists_its_steps_before_slim_kernel_is_installed(tmp_path):
+    # gpu_run.sh lists the steps before it installs slim-kernel: a bare machine has none, and the list must not be empty
+    import os
+    import subprocess
+
+    fake = tmp_path / "flashinfer"
+    fake.mkdir()
+    for name in ("__init__.py", "gemm.py", "norm.py"):
+        (fake / name).write_text("")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | {"PYTHONPATH": str(tmp_path)}
+    script = Path(__file__).resolve().parents[1] / "benchmark" / "warm_flashinfer.py"
+    proc = subprocess.run([sys.executable, str(script), "--list"], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=300)
+    steps = proc.stdout.splitlines()
+    assert proc.returncode == 0 and "rmsnorm" in steps, proc.stdout + proc.stderr
+    assert "tinygemm_n2624_k6144_m1_pdl" in steps and not any("unavailable" in s for s in steps)
