@@ -25,7 +25,8 @@ sys.path[:0] = [str(ROOT / "python"), str(ROOT / "benchmark")]
 
 from slim_kernel import models  # noqa: E402
 from slim_kernel.jit import catalogue as cat  # noqa: E402
-from slim_kernel.jit.runtime import SMEM_RESERVED_PER_CTA, carveout_percent  # noqa: E402
+from slim_kernel.jit.catalogue import SMEM_PER_SM, SMEM_RESERVED_PER_CTA  # noqa: E402
+from slim_kernel.jit.runtime import carveout_percent  # noqa: E402
 
 CAPACITIES_KB = (0, 8, 16, 32, 64, 100, 132, 164, 196, 228)  # the SM90 shared-memory carveouts
 GLM5 = [(models.ROUTER, (256, 6144, "float32"), m) for m in range(8, 14)] + \
@@ -126,7 +127,7 @@ def main(argv=None) -> int:
         ap.error("--room must be a positive number of bytes")
     table = json.loads(Path(args.table).read_text())
     if args.list:
-        for key, names in sorted(points(table, args.flashinfer, args.room, 132, 228 * 1024).items()):
+        for key, names in sorted(points(table, args.flashinfer, args.room, 132, SMEM_PER_SM).items()):
             print(key, sorted(names))
         return 0
     if not args.json:

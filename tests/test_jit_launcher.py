@@ -342,10 +342,10 @@ def test_native_launcher_against_fake_driver(fake_driver, native_build):
 
 # ---- the preferred shared-memory carveout (jit/runtime.py) ----------------------------------
 
-H200_SMEM_PER_SM = 228 * 1024
 
 
 def test_carveout_leaves_room_beside_the_ctas_an_sm_gets():
+    from slim_kernel.jit.catalogue import SMEM_PER_SM as H200_SMEM_PER_SM
     from slim_kernel.jit.runtime import carveout_percent
 
     # GLM-5's router at M=10 (narrow_r2k6c, 31 KB, 128 CTAs on 132 SMs): the driver's 32 KB would leave

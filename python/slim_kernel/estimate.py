@@ -49,8 +49,6 @@ OPAQUE_MARGIN = {(FUSED_A, "flashinfer"): 0.2}
 PINNED_ROWS_PER_CTA = {"s8il": 16, "cn16": 64}
 MAX_THREADS_PER_SM = 2048
 REGS_PER_SM = 65536
-SMEM_PER_SM = 228 * 1024
-SMEM_RESERVED = 1024  # the driver's per-CTA reservation
 ASSUMED_REGS = 128  # an uncapped kernel's registers per thread where the catalogue does not say
 
 
@@ -75,6 +73,8 @@ def grid(op: str, candidate: str, n: int, k: int, m: int, sms: int) -> tuple[int
     rows = PINNED_ROWS_PER_CTA.get(variant) if (op, backend) == (FUSED_A, "flashinfer") else None
     if rows:  # a pinned flashinfer program: its tile is known, one CTA per SM at a time (ncu, run 80)
         return -(-n // rows), sms
+    from .jit.catalogue import SMEM_PER_SM, SMEM_RESERVED_PER_CTA
+
     cfg = _config(op, candidate)
     if cfg is None:  # flashinfer's own choice, torch: a grid we do not know, assumed one CTA per SM
         return sms, sms
@@ -83,7 +83,7 @@ def grid(op: str, candidate: str, n: int, k: int, m: int, sms: int) -> tuple[int
     threads = block[0] * block[1] * block[2]
     regs = getattr(cfg, "regs", 0) or ASSUMED_REGS
     per_sm = max(1, min(MAX_THREADS_PER_SM // threads, REGS_PER_SM // (threads * regs),
-                        SMEM_PER_SM // (cfg.smem(m, (n, k)) + SMEM_RESERVED), 32))
+                        SMEM_PER_SM // (cfg.smem(m, (n, k)) + SMEM_RESERVED_PER_CTA), 32))
     return ctas, sms * per_sm
 
 

@@ -36,6 +36,8 @@ VEC = 8  # bf16 elements per 16-byte load: K and row strides must be multiples o
 MAX_CLUSTER = 8  # portable cluster size: the most split=0 picks
 MAX_SPLIT = 16  # explicit split may use non-portable clusters (kMaxSplit in kernels/reduce.cuh)
 MAX_SMEM = 227 * 1024
+SMEM_PER_SM = 228 * 1024  # an sm_90 SM's shared memory (the largest carveout)
+SMEM_RESERVED_PER_CTA = 1024  # what the driver keeps of an SM's shared memory for each resident CTA (sm_80, sm_90)
 OUT_DTYPES = {ROUTER: ("float32", "bfloat16"), FUSED_A: ("bfloat16",)}
 SOURCES = {ROUTER: ("dsv3_router_gemm.cuh", "dsv3_router_gemm_kernel"),
            FUSED_A: ("dsv3_fused_a_gemm.cuh", "dsv3_fused_a_gemm_kernel")}

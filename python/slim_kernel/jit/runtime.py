@@ -14,6 +14,7 @@ from types import ModuleType
 from . import _pylauncher
 from .arch import arch_for_device
 from .cache import get_entry
+from .catalogue import SMEM_RESERVED_PER_CTA
 from .compiler import CompilerUnavailableError, get_compiler
 from .resources import ResourceUsage
 from .spec import KernelInstance
@@ -21,7 +22,6 @@ from .spec import KernelInstance
 ENV_LAUNCHER = "SLIM_KERNEL_LAUNCHER"
 LAUNCHERS = ("native", "python")
 CARVEOUT_ATTR = 9  # CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT
-SMEM_RESERVED_PER_CTA = 1024  # what the driver keeps of an SM's shared memory for each resident CTA (sm_80, sm_90)
 
 
 def carveout_percent(smem: int, ctas: int, sms: int, per_sm: int, room: int, cluster: bool = False) -> int | None:
