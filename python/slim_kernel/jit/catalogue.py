@@ -223,7 +223,6 @@ class Stream:
     stages: int = 8  # ring depth (compile-time; fewer where M's stages would not fit)
     pieces: int = 1  # contiguous 512-byte pieces of every row in a stage (compile-time)
     rt: int = 1  # 16-row weight tiles per CTA (compile-time)
-    spread: bool = False  # rows per CTA from the grid: one CTA per SM where 16*rt-row CTAs leave SMs idle
 
     def __post_init__(self):
         _check(2 <= self.stages <= 64 and self.pieces in (1, 2) and self.rt in (1, 2), self,
@@ -242,17 +241,12 @@ class Stream:
         return _stages_that_fit(self.stages, self._fixed(m), self._stage(m))
 
     def instance(self, op: str, m: int, out_dtype: str, shape: tuple[int, int] | None = None) -> KernelInstance:
-        # only when set: the others keep their keys
-        opt = ({"SK_RT": self.rt} if self.rt != 1 else {}) | ({"SK_SPREAD": 1} if self.spread else {})
+        rt = {"SK_RT": self.rt} if self.rt != 1 else {}  # only when set: the others keep their keys
         return _make(op, out_dtype, SK_FAMILY=3, SK_NT=token_tiles(m), SK_STAGES=self.stages_for(m),
-                     SK_PIECES=self.pieces, **opt)
-
-    def rows_per_cta(self, n: int, sm_count: int) -> int:
-        # the kernel takes ceil(N / gridDim.x) rows under SPREAD: at most this, and the same grid covers N
-        return min(16 * self.rt, _cdiv(n, sm_count)) if self.spread else 16 * self.rt
+                     SK_PIECES=self.pieces, **rt)
 
     def geometry(self, n: int, k: int, sm_count: int) -> tuple[tuple, tuple, tuple | None]:
-        return (_cdiv(n, self.rows_per_cta(n, sm_count)), 1, 1), (256, 1, 1), None
+        return (_cdiv(n, 16 * self.rt), 1, 1), (256, 1, 1), None
 
     def smem(self, m: int, shape: tuple[int, int] | None = None) -> int:  # stream_smem_bytes in kernels/stream_gemm.cuh
         return self._fixed(m) + self.stages_for(m) * self._stage(m)
@@ -436,10 +430,6 @@ VARIANTS: dict[str, dict[str, GemmConfig]] = {
         # 32 rows per CTA: one wave where 16-row CTAs take two (GLM-5's 2624 rows: 82 CTAs, not 164)
         "stream_r2": Stream(stages=4, pieces=2, rt=2),
         "stream_r2c": Stream(stages=8, pieces=1, rt=2),
-        # rows spread over one CTA per SM (GLM-5's 2624: 132 CTAs of 20 rows, where stream_r2 leaves 50 SMs idle)
-        "stream_r2s": Stream(stages=4, pieces=2, rt=2, spread=True),
-        "stream_r2cs": Stream(stages=8, pieces=1, rt=2, spread=True),
-        "stream_w4s": Stream(stages=4, pieces=2, spread=True),
     },
 }
 FALLBACK_VARIANT = "skinny"  # serves every M of both ops: the choice where nothing was measured

@@ -9,16 +9,12 @@
 //   SK_FAMILY   0 skinny, 3 stream
 //   skinny: SK_NT (token tiles of 8), SK_RT (16-row weight tiles per CTA), SK_STAGES (cp.async ring depth)
 //   stream: SK_NT, SK_STAGES (mbarrier ring depth), SK_PIECES (contiguous 512-byte pieces of each row per stage),
-//           SK_RT (optional: 16-row weight tiles per CTA, 1 or 2), SK_SPREAD (optional: 1 = rows per CTA from the grid)
+//           SK_RT (optional: 16-row weight tiles per CTA, 1 or 2)
 #include "skinny_gemm.cuh"
 #include "stream_gemm.cuh"
 
 #ifndef SK_RT
 #define SK_RT 1
-#endif
-
-#ifndef SK_SPREAD
-#define SK_SPREAD 0
 #endif
 
 #if SK_FAMILY != 0 && SK_FAMILY != 3
@@ -34,6 +30,6 @@ dsv3_fused_a_gemm_kernel(const __nv_bfloat16* __restrict__ mat_a, const __nv_bfl
 #if SK_FAMILY == 0
     slim::skinny_gemm<SK_RT, SK_NT, SK_STAGES, true>(mat_a, weight, out, M, N, K, ld_a, ld_weight, ld_out);
 #else
-    slim::stream_gemm<SK_NT, SK_STAGES, true, SK_PIECES, SK_RT, SK_SPREAD != 0>(mat_a, weight, out, M, N, K, ld_a, ld_weight, ld_out);
+    slim::stream_gemm<SK_NT, SK_STAGES, true, SK_PIECES, SK_RT>(mat_a, weight, out, M, N, K, ld_a, ld_weight, ld_out);
 #endif
 }

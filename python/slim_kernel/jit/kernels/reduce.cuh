@@ -68,14 +68,14 @@ __device__ __forceinline__ float sum_partials(const float* red, int nwarps, int 
 }
 
 // Sums the warp partials of one tile of 16*RT rows (fixed warp order) and stores outputs o = token *
-// 16*RT + row_local for the m_used tokens and the rows below row_end.
+// 16*RT + row_local for the m_used tokens and the rows below N.
 template <int NT, bool OUT_BF16, int RT = 1>
 __device__ __forceinline__ void store_tile_sums(const float* red, int nwarps, int m_used, void* __restrict__ out, int ldo,
-                                                int row0, int row_end) {
+                                                int row0, int N) {
     constexpr int ROWS = 16 * RT;
     for (int o = threadIdx.x; o < m_used * ROWS; o += blockDim.x) {
         const int tok = o / ROWS, rl = o - tok * ROWS;
-        if (row0 + rl < row_end) store_out<OUT_BF16>(out, (long long)tok * ldo + row0 + rl, sum_partials<RT, NT>(red, nwarps, o));
+        if (row0 + rl < N) store_out<OUT_BF16>(out, (long long)tok * ldo + row0 + rl, sum_partials<RT, NT>(red, nwarps, o));
     }
 }
 

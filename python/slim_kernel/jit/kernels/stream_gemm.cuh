@@ -21,14 +21,9 @@
 //  * PDL: the weight loaders start at entry, the token loaders after griddepcontrol.wait (the
 //    compute warps and the stores follow the token copies, so they also follow the wait).
 //  * The four compute warps' partials are summed in a fixed order (reduce.cuh).
-//  * SPREAD: a CTA takes ceil(N / gridDim.x) <= 16 * RT rows, not 16 * RT, so a grid of one CTA per SM
-//    spreads the weight over every SM (GLM-5's 2624 rows: 132 CTAs of 20 rows, where 32-row tiles
-//    leave 50 SMs idle). The MMAs still cover 16 * RT rows; the rows past the CTA's are never copied
-//    (stale shared memory) and never stored.
 //
 // Launch contract (slim_kernel/jit/catalogue.py, family "stream"):
-//   grid (ceil(N / (16 * RT)), 1, 1) (SPREAD: ceil(N / rows) for rows = min(16 * RT, ceil(N / SMs))), block 256
-//   threads, dynamic smem = stream_smem_bytes(NT, STAGES, P, RT).
+//   grid (ceil(N / (16 * RT)), 1, 1), block 256 threads, dynamic smem = stream_smem_bytes(NT, STAGES, P, RT).
 //   Requirements: K % 8 == 0, lda % 8 == 0, ldw % 8 == 0, act/w 16-byte aligned, M <= 8*NT.
 #pragma once
 #include "reduce.cuh"
@@ -78,7 +73,7 @@ __device__ __forceinline__ void stream_load(const __nv_bfloat16* __restrict__ sr
     }
 }
 
-template <int NT, int STAGES, bool OUT_BF16, int P, int RT = 1, bool SPREAD = false>
+template <int NT, int STAGES, bool OUT_BF16, int P, int RT = 1>
 __device__ __forceinline__ void stream_gemm(const __nv_bfloat16* __restrict__ act, const __nv_bfloat16* __restrict__ w,
                                             void* __restrict__ out, int M, int N, int K, int lda, int ldw, int ldo) {
     static_assert(NT >= 1 && NT <= 4 && STAGES >= 2 && 16 * STAGES <= kStreamBarrierBytes && (P == 1 || P == 2)
@@ -96,9 +91,7 @@ __device__ __forceinline__ void stream_gemm(const __nv_bfloat16* __restrict__ ac
     const unsigned empty = full + 8 * STAGES;  // STAGES mbarriers: the compute warps are done with it
     const unsigned ring = full + kStreamBarrierBytes;
     float* red = reinterpret_cast<float*>(smem + kStreamBarrierBytes + STAGES * STAGE);
-    const int rows = SPREAD ? min(16 * RT, (N + (int)gridDim.x - 1) / (int)gridDim.x) : 16 * RT;
-    const int row0 = blockIdx.x * rows;
-    const int row_end = min(N, row0 + rows);  // this CTA's rows: [row0, row_end)
+    const int row0 = blockIdx.x * 16 * RT;
     const int nst = (K + 256 * P - 1) / (256 * P);
     const int m_used = M < 8 * NT ? M : 8 * NT;
 
@@ -111,7 +104,7 @@ __device__ __forceinline__ void stream_gemm(const __nv_bfloat16* __restrict__ ac
     __syncthreads();
 
     if (warp < 2) {
-        stream_load<8 * RT, STAGES, STAGE, P>(w + (long long)row0 * ldw, ldw, warp, row_end - row0, lane, K, nst, full, empty,
+        stream_load<8 * RT, STAGES, STAGE, P>(w + (long long)row0 * ldw, ldw, warp, N - row0, lane, K, nst, full, empty,
                                               ring);
     } else if (warp < 4) {
         pdl_wait();
@@ -153,7 +146,7 @@ __device__ __forceinline__ void stream_gemm(const __nv_bfloat16* __restrict__ ac
         store_partials<RT, NT>(red, cw, lane, acc);
     }
     __syncthreads();
-    store_tile_sums<NT, OUT_BF16, RT>(red, 4, m_used, out, ldo, row0, row_end);
+    store_tile_sums<NT, OUT_BF16, RT>(red, 4, m_used, out, ldo, row0, N);
 }
 
 }  // namespace slim
