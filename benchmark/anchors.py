@@ -28,6 +28,12 @@ import torch.nn.functional as F
 ROUTER = "dsv3_router_gemm"
 
 
+def _sglang_router_serves(e: int, k: int) -> bool:
+    """sglang's ``dsv3_router_gemm`` builds only for 256 or 384 experts and K a multiple of 1024 (its docstring and
+    static_assert): elsewhere its module fails to compile, so it is no anchor there."""
+    return e in (256, 384) and k % 1024 == 0
+
+
 class Anchors:
     def __init__(self, notes: list[str], sglang_dir: str | None):
         self.notes = notes
@@ -78,7 +84,8 @@ class Anchors:
                 split = tiny._default_n_gemm_n_split(s.n, s.k, 16) if s.k > s.n else tiny._default_k_gemm_n_split(s.n, s.k)
                 jobs.append(lambda s=s, o=out, sp=split: tiny._jit_tiny_gemm_module(s.n, s.k, 16, sp, o, torch.bfloat16))
             if s.op == ROUTER:
-                jobs.append(lambda s=s: router.dsv3_router_gemm_module(s.n, s.k, True, s.out == "float32"))
+                if _sglang_router_serves(s.n, s.k):
+                    jobs.append(lambda s=s: router.dsv3_router_gemm_module(s.n, s.k, True, s.out == "float32"))
             else:
                 jobs.append(lambda s=s: fa.dsv3_fused_a_gemm_module(s.k, s.n, True))
         try:
@@ -106,7 +113,7 @@ class Anchors:
             tiny, sgl_router, _, _ = self.sgl
             if tiny.can_use_tiny_gemm(shape.n, shape.k, 16):
                 impls["sglang:tiny_gemm"] = lambda o, x, w: tiny.tiny_gemm_bf16(x, nk(w), o, max_m=16)
-            if router:
+            if router and _sglang_router_serves(shape.n, shape.k):
                 impls["sglang:router"] = lambda o, x, w: sgl_router.dsv3_router_gemm(x, w, out_dtype, output=o)
             else:
                 # what sglang's MLA calls: dsv3_fused_a_gemm(hidden_states, weight.T), output allocated inside
