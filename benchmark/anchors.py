@@ -113,8 +113,9 @@ class Anchors:
             tiny, sgl_router, _, _ = self.sgl
             if tiny.can_use_tiny_gemm(shape.n, shape.k, 16):
                 impls["sglang:tiny_gemm"] = lambda o, x, w: tiny.tiny_gemm_bf16(x, nk(w), o, max_m=16)
-            if router and _sglang_router_serves(shape.n, shape.k):
-                impls["sglang:router"] = lambda o, x, w: sgl_router.dsv3_router_gemm(x, w, out_dtype, output=o)
+            if router:
+                if _sglang_router_serves(shape.n, shape.k):
+                    impls["sglang:router"] = lambda o, x, w: sgl_router.dsv3_router_gemm(x, w, out_dtype, output=o)
             else:
                 # what sglang's MLA calls: dsv3_fused_a_gemm(hidden_states, weight.T), output allocated inside
                 impls["sglang:fused_a"] = lambda o, x, w: torch.ops.sglang.jit_dsv3_fused_a_gemm(x, w)

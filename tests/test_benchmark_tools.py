@@ -93,3 +93,31 @@ def test_warm_flashinfer_lists_its_steps_before_slim_kernel_is_installed(tmp_pat
     steps = proc.stdout.splitlines()
     assert proc.returncode == 0 and "rmsnorm" in steps, proc.stdout + proc.stderr
     assert "tinygemm_n2624_k6144_m1_pdl" in steps and not any("unavailable" in s for s in steps)
+
+
+@pytest.mark.parametrize("op,n,k,expected", [
+    ("dsv3_router_gemm", 256, 7168, {"sglang:tiny_gemm", "sglang:router"}),
+    ("dsv3_router_gemm", 384, 6144, {"sglang:tiny_gemm", "sglang:router"}),
+    ("dsv3_router_gemm", 896, 7168, {"sglang:tiny_gemm"}),  # sglang's router does not build for 896 experts
+    ("dsv3_router_gemm", 128, 7168, {"sglang:tiny_gemm"}),
+    ("dsv3_fused_a_gemm", 2624, 6144, {"sglang:tiny_gemm", "sglang:fused_a"}),
+])
+def test_sglang_anchors_only_where_sglang_builds(op, n, k, expected):
+    import types
+
+    import anchors
+    import torch
+
+    built = []
+    tiny = types.SimpleNamespace(can_use_tiny_gemm=lambda *a: True)
+    router = types.SimpleNamespace(dsv3_router_gemm_module=lambda *a: built.append(a))
+    fused_a = types.SimpleNamespace(dsv3_fused_a_gemm_module=lambda *a: built.append(a))
+    anc = anchors.Anchors.__new__(anchors.Anchors)
+    anc.notes, anc.fi_gemm = [], None
+    anc.sgl = (tiny, router, fused_a, lambda jobs: [job() for job in jobs])
+    shape = types.SimpleNamespace(op=op, n=n, k=k, out="float32" if op == "dsv3_router_gemm" else "bfloat16")
+    impls = anc.for_shape(shape, types.SimpleNamespace(m=4, out_dtype=getattr(torch, shape.out)))
+    assert {name for name in impls if name.startswith("sglang:")} == expected
+    tiny.can_use_tiny_gemm = lambda *a: False  # the warm-up builds the router or fused-A module only where it serves
+    anc.warm_sglang([shape])
+    assert len(built) == (expected != {"sglang:tiny_gemm"}) and not anc.notes
