@@ -12,7 +12,7 @@ import torch
 from jit_fixtures import instances as fx
 
 from slim_kernel import jit
-from slim_kernel.jit import runtime
+from slim_kernel.jit import _pylauncher, runtime
 
 pytestmark = pytest.mark.gpu
 LAUNCHERS = ("native", "python")
@@ -170,6 +170,38 @@ def test_large_dynamic_smem_and_clusters(launcher, dev, cluster):
     ranks = [b % size for b in range(blocks)]
     expected_info = [v for r in ranks for v in (r, size)] if major >= 9 else [0, 1] * blocks
     assert info.tolist() == expected_info
+
+
+@pytest.mark.parametrize("carveout", [0, 37, 100])
+def test_launch_carveout_eager_and_in_a_graph(launcher, dev, carveout):
+    """A launch's own carveout is a hint: any percent runs a 100 KiB-smem kernel correctly, with a
+    cluster and PDL, eagerly and replayed from a graph, and sets no function attribute."""
+    driver = runtime.native_module()[0].driver_version() if launcher == "native" else \
+        _pylauncher._driver().cuDriverGetVersion()[1]
+    runtime._LAUNCH_CARVEOUT.clear()
+    assert runtime.launch_carveout_supported(launcher) == (driver >= 12060)
+    if driver < 12060:
+        pytest.skip(f"driver {driver} takes no launch carveout")
+    blocks, words = 8, 25_600
+    kernel = jit.get_kernel(fx.smem_cluster(), dev, launcher=launcher)
+    out = torch.full((blocks * words,), float("nan"), device=f"cuda:{dev}")
+    info = torch.full((2 * blocks,), -1, device=f"cuda:{dev}", dtype=torch.int32)
+    expected = _smem_cluster_expected(blocks, words, out.device)
+
+    def launch():
+        kernel.launch((blocks, 1, 1), (256, 1, 1), (out.data_ptr(), info.data_ptr(), words), stream=_stream(),
+                      smem=words * 4, cluster=(2, 1, 1), pdl=True, carveout=carveout)
+    launch()
+    torch.cuda.synchronize()
+    assert torch.equal(out, expected) and info.tolist() == [v for b in range(blocks) for v in (b % 2, 2)]
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        launch()
+    out.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, expected)
+    assert kernel.carveout == -1  # no function attribute was set for it
 
 
 def test_bad_launch_names_the_cuda_error(launcher, dev, gen):

@@ -253,13 +253,35 @@ _FAKE_RUN = textwrap.dedent("""
         r["smem_limit"] = s.impl.smem_limit
         r["smem_attr"] = s.impl.attribute(8)
         s.prefer_carveout(40)
-        s.prefer_carveout(None)  # the driver's choice asked for: the 40 stays
         s.prefer_carveout(25)  # never lowered
         r["carveout"] = [s.carveout, s.impl.attribute(9)]
         try:
             s.impl.set_attribute(9, 101)
         except RuntimeError as exc:
             r["bad_carveout"] = str(exc)
+        # a launch's own carveout (CUDA >= 12.6 drivers), and what a plan gets on newer and older drivers
+        s.launch((8, 1, 1), (256, 1, 1), (5, 6, 25600), stream=1, smem=100 * 1024, carveout=37)
+        r["launch_carveout"] = last()["attrs"]
+        r["bad_launch_carveout"] = []
+        for bad in (101, -1, 1.5, "40"):
+            try:
+                s.launch((8, 1, 1), (256, 1, 1), (5, 6, 25600), stream=1, smem=100 * 1024, carveout=bad)
+                r["bad_launch_carveout"].append(None)
+            except (TypeError, ValueError) as exc:
+                r["bad_launch_carveout"].append([type(exc).__name__, "carveout" in str(exc)])
+        runtime._LAUNCH_CARVEOUT.clear()
+        r["plan_carveout_new"] = [runtime.launch_carveout_supported(name), s.launch_carveout(55),
+                                  s.launch_carveout(None), s.impl.attribute(9)]
+        fake.fake_set_driver_version(12040)
+        runtime._LAUNCH_CARVEOUT.clear()
+        r["plan_carveout_old"] = [runtime.launch_carveout_supported(name), s.launch_carveout(55),
+                                  s.launch_carveout(45), s.impl.attribute(9)]
+        try:  # a driver that does not take the attribute refuses the launch, naming it
+            s.launch((8, 1, 1), (256, 1, 1), (5, 6, 25600), stream=1, smem=100 * 1024, carveout=37)
+        except RuntimeError as exc:
+            r["old_driver_launch"] = str(exc)
+        fake.fake_set_driver_version(13000)
+        runtime._LAUNCH_CARVEOUT.clear()
         try:
             k.launch((1, 1, 1), (2048, 1, 1), (1, 2, 3, 4, 1.0, 1), stream=0)
         except RuntimeError as exc:
@@ -316,6 +338,14 @@ def _check_fake_launches(r: dict) -> None:
     assert r["smem"]["params"] == ["0000000000000005", "0000000000000006", "0000000000006400"]
     assert r["carveout"] == [40, 40] and "cuFuncSetAttribute(9=101)" in r["bad_carveout"]
     assert "CUDA_ERROR_INVALID_VALUE" in r["bad_carveout"]
+    assert r["launch_carveout"] == [[14, 37]]
+    assert r["bad_launch_carveout"] == [["ValueError", True], ["ValueError", True], ["TypeError", True],
+                                        ["TypeError", True]]
+    # a CUDA >= 12.6 driver: each launch carries the plan's carveout, the function's attribute untouched
+    assert r["plan_carveout_new"] == [True, 55, None, 40]
+    # older: the function's attribute, raised to the largest asked for (never lowered), and no launch attribute
+    assert r["plan_carveout_old"] == [False, None, None, 55]
+    assert "carveout=37" in r["old_driver_launch"] and "CUDA_ERROR_INVALID_VALUE" in r["old_driver_launch"]
     assert "launch of fixture_axpby" in r["bad_block"] and "CUDA_ERROR_INVALID_VALUE" in r["bad_block"]
     assert "CUDA_ERROR_INVALID_DEVICE" in r["bad_device"]
     assert r["capture_load_ok"] is True and r["capture_mode_after"] == 0

@@ -34,6 +34,7 @@ using CUstream = struct CUstream_st*;
 
 constexpr int kAttrClusterDimension = 4;                      // CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
 constexpr int kAttrProgrammaticStreamSerialization = 6;       // CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+constexpr int kAttrPreferredSharedMemoryCarveout = 14;        // CU_LAUNCH_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT
 constexpr int kFuncMaxDynamicSharedSizeBytes = 8;             // CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
 constexpr int kFuncNonPortableClusterSizeAllowed = 14;        // CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED
 constexpr unsigned kDefaultSmemLimit = 48 * 1024;
@@ -49,6 +50,7 @@ struct LaunchAttribute {  // CUlaunchAttribute
       unsigned x, y, z;
     } clusterDim;
     int programmaticStreamSerializationAllowed;
+    unsigned sharedMemCarveout;
   } value;
 };
 static_assert(sizeof(LaunchAttribute) == 72, "CUlaunchAttribute layout");
@@ -302,7 +304,7 @@ class Kernel {
   }
 
   void launch(nb::handle grid, nb::handle block, nb::handle args, uintptr_t stream, unsigned smem,
-              nb::handle pdl_obj, nb::handle cluster) {
+              nb::handle pdl_obj, nb::handle cluster, nb::handle carveout) {
     int pdl = PyObject_IsTrue(pdl_obj.ptr());  // any truthy value, like the fallback launcher
     if (pdl < 0) throw nb::python_error();
     unsigned g[3], b[3];
@@ -312,7 +314,7 @@ class Kernel {
     void* params[kMaxArgs + 1];
     pack_args(signature_, args.ptr(), slots, params);
     Driver& d = driver();
-    LaunchAttribute attrs[2];
+    LaunchAttribute attrs[3];
     std::memset(attrs, 0, sizeof attrs);
     unsigned n_attrs = 0;
     unsigned c[3] = {1, 1, 1};
@@ -325,6 +327,19 @@ class Kernel {
       parse_dim3(cluster.ptr(), "cluster", c);
       attrs[n_attrs].id = kAttrClusterDimension;
       attrs[n_attrs].value.clusterDim = {c[0], c[1], c[2]};
+      ++n_attrs;
+    }
+    long long pct = -1;  // the preferred shared-memory carveout of this launch (percent), over the function's
+    if (!carveout.is_none()) {
+      if (!PyLong_Check(carveout.ptr()) || PyBool_Check(carveout.ptr()))
+        throw nb::type_error("carveout must be an int percent from 0 to 100 or None");
+      pct = PyLong_AsLongLong(carveout.ptr());
+      if (pct < 0 || pct > 100) {
+        PyErr_Clear();
+        throw nb::value_error("carveout must be an int percent from 0 to 100 or None");
+      }
+      attrs[n_attrs].id = kAttrPreferredSharedMemoryCarveout;
+      attrs[n_attrs].value.sharedMemCarveout = static_cast<unsigned>(pct);
       ++n_attrs;
     }
     LaunchConfig cfg{g[0], g[1], g[2], b[0], b[1], b[2], smem, reinterpret_cast<CUstream>(stream),
@@ -350,7 +365,7 @@ class Kernel {
       fail("launch of " + entry_ + " (grid=(" + std::to_string(g[0]) + "," + std::to_string(g[1]) + "," +
                std::to_string(g[2]) + "), block=(" + std::to_string(b[0]) + "," + std::to_string(b[1]) + "," +
                std::to_string(b[2]) + "), smem=" + std::to_string(smem) + (pdl ? ", pdl" : "") +
-               (cluster.is_none() ? "" : ", cluster") + ")",
+               (cluster.is_none() ? "" : ", cluster") + (pct < 0 ? "" : ", carveout=" + std::to_string(pct)) + ")",
            r);
   }
 
@@ -424,7 +439,9 @@ NB_MODULE(_native, m) {
            nb::arg("signature"), nb::arg("device"))
       .def("launch", &Kernel::launch, nb::arg("grid"), nb::arg("block"), nb::arg("args"), nb::kw_only(),
            nb::arg("stream"), nb::arg("smem") = 0, nb::arg("pdl") = nb::bool_(false), nb::arg("cluster") = nb::none(),
-           "launch on the raw cudaStream_t `stream`; args are packed by the kernel's signature")
+           nb::arg("carveout") = nb::none(),
+           "launch on the raw cudaStream_t `stream`; args are packed by the kernel's signature; carveout: this "
+           "launch's preferred shared-memory carveout in percent (CUDA >= 12.6 drivers), None for the function's")
       .def("attribute", &Kernel::attribute, nb::arg("attr"), "cuFuncGetAttribute(attr)")
       .def("set_attribute", &Kernel::set_attribute, nb::arg("attr"), nb::arg("value"), "cuFuncSetAttribute(attr, value)")
       .def_prop_ro("entry", &Kernel::entry)

@@ -26,6 +26,7 @@ typedef struct {
       unsigned x, y, z;
     } clusterDim;
     int programmaticStreamSerializationAllowed;
+    unsigned sharedMemCarveout;
   } value;
 } LaunchAttribute;
 
@@ -66,7 +67,9 @@ int fake_ctx_depth(void) { return t_depth; }
 int fake_capture_mode(void) { return t_mode; }
 
 CUresult cuInit(unsigned flags) { (void)flags; g_initialized = 1; return OK; }
-CUresult cuDriverGetVersion(int* v) { *v = 13000; return OK; }
+static int g_driver_version = 13000;
+void fake_set_driver_version(int v) { g_driver_version = v; }
+CUresult cuDriverGetVersion(int* v) { *v = g_driver_version; return OK; }
 CUresult cuGetErrorName(CUresult r, const char** s) {
   switch (r) {
     case OK: *s = "CUDA_SUCCESS"; return OK;
@@ -155,6 +158,10 @@ CUresult cuLaunchKernelEx(const LaunchConfig* cfg, void* fn, void** params, void
   if ((unsigned long long)cfg->blockDimX * cfg->blockDimY * cfg->blockDimZ > 1024) return INVALID_VALUE;
   unsigned limit = g_smem_attr[f - g_funcs] > 48 * 1024 ? (unsigned)g_smem_attr[f - g_funcs] : 48 * 1024;
   if (cfg->sharedMemBytes > limit) return INVALID_VALUE;
+  for (unsigned i = 0; i < cfg->numAttrs; ++i) {
+    const LaunchAttribute* a = &cfg->attrs[i];
+    if (a->id == 14 && (g_driver_version < 12060 || a->value.sharedMemCarveout > 100)) return INVALID_VALUE;
+  }
   int n = snprintf(g_last, sizeof g_last,
                    "{\"entry\": \"%s\", \"grid\": [%u, %u, %u], \"block\": [%u, %u, %u], \"smem\": %u, "
                    "\"stream\": %llu, \"attrs\": [",

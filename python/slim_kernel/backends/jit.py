@@ -67,8 +67,8 @@ def _prepare(op: str, output: torch.Tensor, act: torch.Tensor, n: int, ldw: int,
     smem = cfg.smem(m, (n, k))
     if smem > cat.MAX_SMEM:
         raise ValueError(f"{op}: JIT config {cfg} needs {smem} bytes of shared memory at M={m} (max {cat.MAX_SMEM})")
-    kernel.prefer_carveout(carveout_percent(smem, grid[0] * grid[1] * grid[2], sms, smem_per_sm, knobs.smem_room(),
-                                            cluster is not None))
+    carveout = kernel.launch_carveout(carveout_percent(smem, grid[0] * grid[1] * grid[2], sms, smem_per_sm,
+                                                       knobs.smem_room(), cluster is not None))
     launch = kernel.launch
     lda = act.stride(0) if m > 1 else k
     ldo = output.stride(0)
@@ -76,7 +76,7 @@ def _prepare(op: str, output: torch.Tensor, act: torch.Tensor, n: int, ldw: int,
 
     def run(output, act, w):
         launch(grid, block, (act.data_ptr(), w.data_ptr(), output.data_ptr(), m, n, k, lda, ldw, ldo),
-               stream=_raw_stream(dev), smem=smem, pdl=pdl, cluster=cluster)
+               stream=_raw_stream(dev), smem=smem, pdl=pdl, cluster=cluster, carveout=carveout)
     return run
 
 

@@ -13,6 +13,7 @@ import struct
 import threading
 
 DEFAULT_SMEM_LIMIT = 48 * 1024
+LAUNCH_CARVEOUT_DRIVER = 12060  # CU_LAUNCH_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT is in CUDA 12.6's cuda.h
 _SLOT = {"p": "Q", "i": "i4x", "l": "q", "f": "f4x"}
 
 
@@ -33,6 +34,16 @@ def driver_error() -> str | None:
     except OSError as exc:
         return f"cannot load the CUDA driver (libcuda.so.1): {exc}"
     return None
+
+
+def launch_carveout() -> bool:
+    """Whether a launch can carry its own shared-memory carveout: a CUDA >= 12.6 driver and bindings
+    that know the launch attribute (initializes nothing)."""
+    cu = _driver()
+    if not hasattr(cu.CUlaunchAttributeID, "CU_LAUNCH_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT"):
+        return False
+    err, version = cu.cuDriverGetVersion()
+    return err == cu.CUresult.CUDA_SUCCESS and version >= LAUNCH_CARVEOUT_DRIVER
 
 
 def _name(cu, err) -> str:
@@ -186,13 +197,16 @@ class Kernel:
             local.address = ctypes.addressof(local.params)
             return storage, local.address
 
-    def _config(self, key, grid, block, stream, smem, pdl, cluster):
+    def _config(self, key, grid, block, stream, smem, pdl, cluster, carveout):
         """Build (and cache) the launch config; raise the function's limits the first time needed."""
         cu = self._cu
         g, b = _dim3(grid, "grid"), _dim3(block, "block")
         c = _dim3(cluster, "cluster") if cluster is not None else (1, 1, 1)
         if not isinstance(smem, int) or smem < 0:
             raise TypeError(f"smem must be a non-negative int, got {smem!r}")
+        if carveout is not None and (type(carveout) is not int or not 0 <= carveout <= 100):
+            raise (ValueError if isinstance(carveout, int) and type(carveout) is not bool else TypeError)(
+                f"carveout must be an int percent from 0 to 100 or None, got {carveout!r}")
         with _ContextScope(cu, self._ctx), _RelaxedCapture(cu):
             if smem > DEFAULT_SMEM_LIMIT and smem > self._smem_limit:  # once per new high-water mark
                 _check(cu, cu.cuFuncSetAttribute(
@@ -220,6 +234,11 @@ class Kernel:
             a.id = cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
             a.value.clusterDim.x, a.value.clusterDim.y, a.value.clusterDim.z = c
             attrs.append(a)
+        if carveout is not None:  # this launch's preferred carveout, over the function's (CUDA >= 12.6 drivers)
+            a = cu.CUlaunchAttribute()
+            a.id = cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT
+            a.value.sharedMemCarveout = carveout
+            attrs.append(a)
         cfg.attrs = attrs
         cfg.numAttrs = len(attrs)
         if key is not None:
@@ -228,15 +247,16 @@ class Kernel:
             self._configs[key] = cfg
         return cfg, g, b
 
-    def launch(self, grid, block, args, *, stream: int, smem: int = 0, pdl: bool = False, cluster=None) -> None:
+    def launch(self, grid, block, args, *, stream: int, smem: int = 0, pdl: bool = False, cluster=None,
+               carveout: int | None = None) -> None:
         cu = self._cu
-        key = (grid, block, stream, smem, pdl, cluster)
+        key = (grid, block, stream, smem, pdl, cluster, carveout)
         try:
             cfg = self._configs[key]
         except KeyError:
-            cfg = self._config(key, grid, block, stream, smem, pdl, cluster)[0]
+            cfg = self._config(key, grid, block, stream, smem, pdl, cluster, carveout)[0]
         except TypeError:  # unhashable (lists): build without caching
-            cfg = self._config(None, grid, block, stream, smem, pdl, cluster)[0]
+            cfg = self._config(None, grid, block, stream, smem, pdl, cluster, carveout)[0]
         storage, params = self._params()
         try:
             if type(args) is not tuple:
@@ -254,5 +274,6 @@ class Kernel:
         if err != cu.CUresult.CUDA_SUCCESS:
             raise RuntimeError(f"slim_kernel: launch of {self.entry} (grid={tuple(grid) if not isinstance(grid, int) else grid}, "
                                f"block={tuple(block) if not isinstance(block, int) else block}, smem={smem}"
-                               f"{', pdl' if pdl else ''}{', cluster' if cluster is not None else ''}) failed: "
+                               f"{', pdl' if pdl else ''}{', cluster' if cluster is not None else ''}"
+                               f"{'' if carveout is None else f', carveout={carveout}'}) failed: "
                                f"{_name(cu, err)}")

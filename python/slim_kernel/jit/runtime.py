@@ -44,13 +44,14 @@ def carveout_percent(smem: int, ctas: int, sms: int, per_sm: int, room: int, clu
 class LoadedKernel:
     """One kernel instance loaded on one device.
 
-    ``launch(grid, block, args, *, stream, smem=0, pdl=False, cluster=None)``: grid/block are
+    ``launch(grid, block, args, *, stream, smem=0, pdl=False, cluster=None, carveout=None)``: grid/block are
     tuples of up to 3 positive ints; args a tuple matching the signature (p = device pointer int,
     i = int32, l = int64, f = float32); stream the raw ``cudaStream_t`` int
     (``torch.cuda.current_stream().cuda_stream``); smem the dynamic shared memory in bytes (the
     kernel's limit is raised once when above 48 KiB); pdl launches with programmatic stream
     serialization (the kernel should ``griddepcontrol.wait`` before reading its predecessor's
-    output); cluster a thread-block-cluster shape (SM >= 9.0). A failed launch raises
+    output); cluster a thread-block-cluster shape (SM >= 9.0); carveout this launch's preferred
+    shared-memory carveout in percent (:meth:`launch_carveout`). A failed launch raises
     RuntimeError naming the CUresult.
     """
 
@@ -67,10 +68,23 @@ class LoadedKernel:
         self.launch = impl.launch  # the C++ method itself for the native launcher: no Python frame
         self.carveout = -1  # the preferred shared-memory carveout set (percent; -1: the driver's choice)
 
-    def prefer_carveout(self, percent: int | None) -> None:
+    def launch_carveout(self, percent: int | None) -> int | None:
+        """The ``carveout`` argument of the launches of a plan that wants ``percent`` (None: the driver's
+        choice). Each launch carries its own where the driver takes it (:func:`launch_carveout_supported`):
+        plans of one kernel at different M want different carveouts, and one raised for M=16 slowed the
+        same kernel at M 6-10 by 4-8% (H200 runs 118-121). Older drivers: the function's attribute,
+        raised to the largest any plan asked for, and None."""
+        if percent is None:
+            return None
+        if launch_carveout_supported(self.launcher):
+            return percent
+        self.prefer_carveout(percent)
+        return None
+
+    def prefer_carveout(self, percent: int) -> None:
         """Raise the function's preferred carveout to ``percent`` (never lowers it: the largest any plan of
         this kernel asked for holds them all)."""
-        if percent is not None and percent > self.carveout:
+        if percent > self.carveout:
             self.impl.set_attribute(CARVEOUT_ATTR, percent)
             self.carveout = percent
 
@@ -108,6 +122,22 @@ def launcher_name(requested: str | None = None) -> str:
     if value == "native":
         raise RuntimeError(f"the native launcher was requested but {why}")
     return "python"
+
+
+_LAUNCH_CARVEOUT: dict[str, bool] = {}
+
+
+def launch_carveout_supported(launcher: str) -> bool:
+    """Whether ``launcher``'s launches can carry their own preferred carveout (a CUDA >= 12.6 driver)."""
+    supported = _LAUNCH_CARVEOUT.get(launcher)
+    if supported is None:
+        if launcher == "native":
+            module, _ = native_module()
+            supported = module.driver_version() >= _pylauncher.LAUNCH_CARVEOUT_DRIVER
+        else:
+            supported = _pylauncher.launch_carveout()
+        _LAUNCH_CARVEOUT[launcher] = supported
+    return supported
 
 
 def driver_error(launcher: str) -> str | None:
