@@ -72,7 +72,7 @@ class LoadedKernel:
         """The ``carveout`` argument of the launches of a plan that wants ``percent`` (None: the driver's
         choice). Each launch carries its own where the driver takes it (:func:`launch_carveout_supported`):
         plans of one kernel at different M want different carveouts, and one raised for M=16 slowed the
-        same kernel at M 6-10 by 4-8% (H200 runs 118-121). Older drivers: the function's attribute,
+        same kernel at M 6-10 by 3-8% (H200 runs 118-122). Older drivers: the function's attribute,
         raised to the largest any plan asked for, and None."""
         if percent is None:
             return None
