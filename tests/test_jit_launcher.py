@@ -272,10 +272,12 @@ _FAKE_RUN = textwrap.dedent("""
         runtime._LAUNCH_CARVEOUT.clear()
         r["plan_carveout_new"] = [runtime.launch_carveout_supported(name), s.launch_carveout(55),
                                   s.launch_carveout(None), s.impl.attribute(9)]
+        r["info_carveout_new"] = jit.runtime_info().get("carveout")
         fake.fake_set_driver_version(12040)
         runtime._LAUNCH_CARVEOUT.clear()
         r["plan_carveout_old"] = [runtime.launch_carveout_supported(name), s.launch_carveout(55),
                                   s.launch_carveout(45), s.impl.attribute(9)]
+        r["info_carveout_old"] = jit.runtime_info().get("carveout")
         try:  # a driver that does not take the attribute refuses the launch, naming it
             s.launch((8, 1, 1), (256, 1, 1), (5, 6, 25600), stream=1, smem=100 * 1024, carveout=37)
         except RuntimeError as exc:
@@ -346,6 +348,8 @@ def _check_fake_launches(r: dict) -> None:
     # older: the function's attribute, raised to the largest asked for (never lowered), and no launch attribute
     assert r["plan_carveout_old"] == [False, None, None, 55]
     assert "carveout=37" in r["old_driver_launch"] and "CUDA_ERROR_INVALID_VALUE" in r["old_driver_launch"]
+    assert r["info_carveout_new"] == "each launch its own"  # what `slim-kernel info` says
+    assert r["info_carveout_old"].startswith("one per kernel") and "12.6" in r["info_carveout_old"]
     assert "launch of fixture_axpby" in r["bad_block"] and "CUDA_ERROR_INVALID_VALUE" in r["bad_block"]
     assert "CUDA_ERROR_INVALID_DEVICE" in r["bad_device"]
     assert r["capture_load_ok"] is True and r["capture_mode_after"] == 0

@@ -76,6 +76,12 @@ def runtime_info() -> dict:
         info["driver"] = runtime.driver_error(name) or "ok"
     except (RuntimeError, ValueError) as exc:
         info["launcher"] = f"unavailable: {exc}"
+    if info.get("driver") == "ok":
+        try:  # a launch attribute since CUDA 12.6's driver (runtime.LoadedKernel.launch_carveout)
+            info["carveout"] = ("each launch its own" if runtime.launch_carveout_supported(name) else
+                                "one per kernel, the largest any call asked for (driver older than CUDA 12.6)")
+        except RuntimeError as exc:  # the driver loads but does not initialize (no GPU)
+            info["carveout"] = f"unknown: {exc}"
     counts = cached_counts()
     info["cached"] = ", ".join(f"{arch}: {n}" for arch, n in counts.items()) or "none"
     return info
