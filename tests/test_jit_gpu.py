@@ -176,8 +176,7 @@ def test_large_dynamic_smem_and_clusters(launcher, dev, cluster):
 def test_launch_carveout_eager_and_in_a_graph(launcher, dev, carveout):
     """A launch's own carveout is a hint: any percent runs a 100 KiB-smem kernel correctly, with a
     cluster and PDL, eagerly and replayed from a graph, and sets no function attribute."""
-    driver = runtime.native_module()[0].driver_version() if launcher == "native" else \
-        _pylauncher._driver().cuDriverGetVersion()[1]
+    driver = (runtime.native_module()[0] if launcher == "native" else _pylauncher).driver_version()
     runtime._LAUNCH_CARVEOUT.clear()
     assert runtime.launch_carveout_supported(launcher) == (driver >= 12060)
     if driver < 12060:

@@ -13,7 +13,6 @@ import struct
 import threading
 
 DEFAULT_SMEM_LIMIT = 48 * 1024
-LAUNCH_CARVEOUT_DRIVER = 12060  # CU_LAUNCH_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT is in CUDA 12.6's cuda.h
 _SLOT = {"p": "Q", "i": "i4x", "l": "q", "f": "f4x"}
 
 
@@ -36,14 +35,13 @@ def driver_error() -> str | None:
     return None
 
 
-def launch_carveout() -> bool:
-    """Whether a launch can carry its own shared-memory carveout: a CUDA >= 12.6 driver and bindings
-    that know the launch attribute (initializes nothing)."""
+def driver_version() -> int:
+    """cuDriverGetVersion() (initializes nothing); 0 where these bindings predate the launch carveout
+    attribute (cuda-python < 12.6), so no launch is given one."""
     cu = _driver()
     if not hasattr(cu.CUlaunchAttributeID, "CU_LAUNCH_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT"):
-        return False
-    err, version = cu.cuDriverGetVersion()
-    return err == cu.CUresult.CUDA_SUCCESS and version >= LAUNCH_CARVEOUT_DRIVER
+        return 0
+    return _check(cu, cu.cuDriverGetVersion(), "cuDriverGetVersion")
 
 
 def _name(cu, err) -> str:
@@ -204,9 +202,11 @@ class Kernel:
         c = _dim3(cluster, "cluster") if cluster is not None else (1, 1, 1)
         if not isinstance(smem, int) or smem < 0:
             raise TypeError(f"smem must be a non-negative int, got {smem!r}")
-        if carveout is not None and (type(carveout) is not int or not 0 <= carveout <= 100):
-            raise (ValueError if isinstance(carveout, int) and type(carveout) is not bool else TypeError)(
-                f"carveout must be an int percent from 0 to 100 or None, got {carveout!r}")
+        if carveout is not None:
+            if type(carveout) is not int:
+                raise TypeError(f"carveout must be an int percent from 0 to 100 or None, got {carveout!r}")
+            if not 0 <= carveout <= 100:
+                raise ValueError(f"carveout must be an int percent from 0 to 100 or None, got {carveout!r}")
         with _ContextScope(cu, self._ctx), _RelaxedCapture(cu):
             if smem > DEFAULT_SMEM_LIMIT and smem > self._smem_limit:  # once per new high-water mark
                 _check(cu, cu.cuFuncSetAttribute(

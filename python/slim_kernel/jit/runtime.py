@@ -22,6 +22,7 @@ from .spec import KernelInstance
 ENV_LAUNCHER = "SLIM_KERNEL_LAUNCHER"
 LAUNCHERS = ("native", "python")
 CARVEOUT_ATTR = 9  # CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT
+LAUNCH_CARVEOUT_DRIVER = 12060  # CU_LAUNCH_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT is in CUDA 12.6's cuda.h
 
 
 def carveout_percent(smem: int, ctas: int, sms: int, per_sm: int, room: int, cluster: bool = False) -> int | None:
@@ -131,12 +132,8 @@ def launch_carveout_supported(launcher: str) -> bool:
     """Whether ``launcher``'s launches can carry their own preferred carveout (a CUDA >= 12.6 driver)."""
     supported = _LAUNCH_CARVEOUT.get(launcher)
     if supported is None:
-        if launcher == "native":
-            module, _ = native_module()
-            supported = module.driver_version() >= _pylauncher.LAUNCH_CARVEOUT_DRIVER
-        else:
-            supported = _pylauncher.launch_carveout()
-        _LAUNCH_CARVEOUT[launcher] = supported
+        module = native_module()[0] if launcher == "native" else _pylauncher
+        supported = _LAUNCH_CARVEOUT[launcher] = module.driver_version() >= LAUNCH_CARVEOUT_DRIVER
     return supported
 
 
