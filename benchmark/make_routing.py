@@ -36,7 +36,7 @@ TABLE = ROOT / "python" / "slim_kernel" / "tables" / "routing_sm90.json"
 RESULTS_DIR = ROOT / "benchmark" / "results" / "h200"
 # the runs the shipped table comes from; a version's later files replace its earlier ones point by point
 RESULTS = ["bench_gemm_fi074.json", "bench_gemm_fi074_routers_large.json", "bench_gemm_fi074_m1_16.json",
-           "bench_gemm_fi074_unnamed.json",
+           "bench_gemm_fi074_unnamed.json", "bench_gemm_fi074_heldout.json",
            "bench_gemm_fi072.json", "bench_gemm_fi072_routers_large.json", "bench_gemm_fi072_m1_16.json"]
 SUMMARY = RESULTS_DIR / "decode_step_summary.json"
 
@@ -178,8 +178,9 @@ def summary_markdown(rows: list[dict], producer: str = "plain") -> str:
         cells = [f"{by_m[m]['ours_us']:.2f} / {by_m[m]['best_anchor_us']:.2f} ({by_m[m]['ratio']:.2f}x)"
                  if m in by_m else "-" for m in HEADLINE_MS]
         verdicts = [winner(r["ratio"], "anchor") for r in rs]
+        routed = "priority order" if any(r["backend"].endswith("(priority)") for r in rs) else "estimate"
         label = op.removeprefix("dsv3_").removesuffix("_gemm") + " " + " ".join(
-            f"{k}={v}" for k, v in json.loads(shape).items()) + (" (unnamed: estimate)" if unnamed else "")
+            f"{k}={v}" for k, v in json.loads(shape).items()) + (f" (unnamed: {routed})" if unnamed else "")
         lines.append(f"| {version} | {label} | " + " | ".join(cells) + f" | {verdicts.count('slim-kernel')} / "
                      f"{verdicts.count('tie')} / {verdicts.count('anchor')} |")
     return "\n".join(lines)

@@ -33,8 +33,10 @@ def _score(rows: list[dict], tables_for, device, flashinfer: str, listing: bool)
     for r in rows:
         d = estimate.estimate(r["op"], _shape(r), r["shape"]["m"], r["producer"] == "pdl", device, tables_for(r),
                               flashinfer)
-        # the first candidate of the ranking that runs at this shape (selection skips the others)
-        pick, us = next((cand, r["us"][cand]) for cand, _ in d.point.us if cand in r["us"])
+        if d is None:  # nothing to estimate from: selection runs the priority order, as the run's default did
+            pick, us = "priority order", r["us"]["default"]
+        else:  # the first candidate of the ranking that runs at this shape (selection skips the others)
+            pick, us = next((cand, r["us"][cand]) for cand, _ in d.point.us if cand in r["us"])
         anchor = min(v for k, v in r["us"].items() if k.startswith("anchor:"))
         ours = min(v for k, v in r["us"].items() if not k.startswith(("anchor:", "default")))
         over += us / anchor > 1.10

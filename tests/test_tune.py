@@ -177,6 +177,23 @@ def test_estimate_weighs_measured_shapes_by_how_alike_the_candidates_grid_lands(
     assert [c for c, _ in dec.point.us] == ["torch"]
 
 
+def test_a_shape_far_from_every_measured_one_is_still_estimated():
+    from slim_kernel import estimate
+
+    # every candidate's weight is far below MIN_WEIGHT here; they still rank by their regrets (the priority
+    # order, which is what selection runs without an estimate, was 1.18-1.51x the best anchor at such a shape)
+    tab = routing.Table({"schema": 1, "arch": "sm_90", "entries": [
+        _entry(8, us={"jit:stream_r2": 9.0, "flashinfer": 8.0, "torch": 12.0}, shape={"n": 3648, "k": 7168}, op=FUSED_A),
+        _entry(8, us={"jit:stream_r2": 7.0, "flashinfer": 7.5, "torch": 10.0}, shape={"n": 2112, "k": 7168}, op=FUSED_A),
+    ]}, "test")
+    here, there = (1056, 2560, 8), (2112, 7168, 8)
+    for cand in ("jit:stream_r2", "flashinfer", "torch"):
+        assert math.exp(-estimate.geometry_distance(FUSED_A, cand, here, there, 132) / estimate.TAU) < estimate.MIN_WEIGHT
+    dec = estimate.estimate(FUSED_A, {"n": 1056, "k": 2560}, 8, False, H200, [tab], "0.7.4")
+    assert dec is not None and dec.source == "estimate"
+    assert [c for c, _ in dec.point.us][-1] == "torch"  # 1.36-1.43x its shapes' best: last wherever it is
+
+
 def test_pinned_flashinfer_programs_have_their_own_grid():
     from slim_kernel import estimate
     from slim_kernel.names import FLASHINFER_FUSED_A_PROGRAMS

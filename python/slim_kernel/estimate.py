@@ -17,8 +17,11 @@ measured shape of the op (same M and launch context) is averaged in log space wi
 (lane fill: the share of a narrow kernel's thread-chunks that hold data in its rounds over K; two
 448-thread rounds fill 7168 exactly and 4096 to 57%; a fitted straight-line body fills every K it serves)
 
-and the candidate with the smallest weighted regret serves. A candidate with no measured shape
-near its geometry (total weight < MIN_WEIGHT) is not estimated. Narrow's straight-line body (its own K
+and the candidate with the smallest weighted regret serves. A candidate whose total weight is below
+MIN_WEIGHT of the best-supported candidate's is not estimated. The threshold is relative: far from every
+measured shape all weights are small, and the candidates still rank by their regrets rather than falling
+back to the priority order (run 126: fused-A 1056x2560, whose weights were all below 1e-3, ran the JIT
+backend's own default there at 1.18-1.51x the best anchor). Narrow's straight-line body (its own K
 and the smaller ones it is fitted to) and its generic body are different kernels and never stand in for
 each other.
 flashinfer's ``tinygemm_bf16`` picks its own program per shape from windows it measured (0.7.4
@@ -153,8 +156,9 @@ def estimate(op: str, shape: dict, m: int, pdl: bool, device: Device, tables: li
             log_regret[cand] = log_regret.get(cand, 0.0) + w * math.log(us / best)
             weight[cand] = weight.get(cand, 0.0) + w
     ref = math.exp(best_log / best_w) if best_w > 0 else 1.0  # ~ the best µs here (display only)
+    floor = MIN_WEIGHT * max(weight.values(), default=0.0)
     predicted = {c: round(ref * math.exp(log_regret[c] / weight[c] + OPAQUE_MARGIN.get((op, c), 0.0)), 3)
-                 for c in log_regret if weight[c] >= MIN_WEIGHT}
+                 for c in log_regret if weight[c] > 0 and weight[c] >= floor}
     if not predicted:
         return None
     point = Point(op, _shape_items(shape), m, train[0].flashinfer, pdl,
