@@ -247,6 +247,12 @@ def test_score_estimate_scores_the_pick_that_selection_would_run(tmp_path, capsy
     assert score_estimate.main() == 0
     out = capsys.readouterr().out
     assert "unnamed (plain): 0 of 1 points > 1.10x the best anchor, worst 1.10x; mean regret vs our best 1.000" in out
+    # nothing in the table to estimate a fused-A shape from: scored as what the run's default (the priority order) ran
+    fused = {"op": FUSED_A, "producer": "plain", "unnamed": True, "shape": {"n": 1056, "k": 2560, "m": 4},
+             "us": {"jit:stream_r2": 4.0, "anchor:flashinfer": 4.0, "default": 4.8}}
+    (tmp_path / "b.json").write_text(json.dumps({"device": "NVIDIA H200", "sms": 132, "rows": [fused]}))
+    assert score_estimate.main() == 0
+    assert "unnamed (plain): 1 of 1 points > 1.10x the best anchor, worst 1.20x" in capsys.readouterr().out
 
 
 def test_info_json_explains_every_estimate(monkeypatch):
