@@ -139,12 +139,12 @@ def measure_default(report, measured: list, column: str = "default") -> None:
 def install_table(data: dict, table_path: Path | None) -> None:
     """Refine the installed package's routing table with this run's named shapes (its points replace
     the table's; the shapes it did not measure keep theirs, so the estimate of unnamed shapes still
-    learns from every shape)."""
+    learns from every shape; the unnamed shapes stay out: their ``default`` runs on the estimate)."""
     from slim_kernel import routing
 
     installed = Path(routing.__file__).resolve().parent / routing.TABLES / "routing_sm90.json"
     old = json.loads(installed.read_text()) if installed.exists() else None
-    table = make_routing.build_table([data], old, "benchmark/bench_gemm.py (this run)", per_point=True)
+    table = make_routing.build_table([data], old, "benchmark/bench_gemm.py (this run)", per_point=True, unnamed=False)
     installed.parent.mkdir(parents=True, exist_ok=True)
     installed.write_text(make_routing.dumps_table(table))
     if table_path is not None:

@@ -10,8 +10,10 @@ replacing an earlier one's; every row stays one side-by-side run. The table (rea
 µs of every candidate the registry can run, exactly as ``slim-kernel tune`` measures them
 (``slim_kernel.tune.measure``): ``pdl: true`` from the rows after the PDL-aware producer (PDL
 launches), ``pdl: false`` from the rows after the plain one (without). Rows of shapes a run left
-unnamed (``--unnamed-*``) stay out of the table. Rows of other flashinfer versions already in the
-table are kept, so the 0.7.2.post1 and 0.7.4 runs merge into one file.
+unnamed (``--unnamed-*``: checks of the estimate, which ran their ``default``) join the table here
+like every other measurement; only ``bench_gemm.py``, while it measures them, keeps them out. Rows
+of other flashinfer versions already in the table are kept, so the 0.7.2.post1 and 0.7.4 runs merge
+into one file.
 
 The summary has one row per measured decode-step point (both producers): the default path's
 choice and time, the best anchor (every ``anchor:*`` column of the run) and the ratio, and after
@@ -73,12 +75,13 @@ def _decode_rows(report: dict):
             yield row
 
 
-def table_entries(report: dict) -> list[dict]:
+def table_entries(report: dict, unnamed: bool = True) -> list[dict]:
+    """The table entries of a run's rows (``unnamed`` False: not those of its ``--unnamed-*`` shapes)."""
     version = report["versions"].get("flashinfer", "not installed")
     entries = []
     for row in _decode_rows(report):
         us = candidates(row["op"], row["us"], row["shape"])
-        if us and not row.get("unnamed"):
+        if us and (unnamed or not row.get("unnamed")):
             entries.append({"op": row["op"], "shape": {k: v for k, v in row["shape"].items() if k != "m"},
                             "m": row["shape"]["m"], "flashinfer": version, "pdl": row["producer"] == "pdl", "us": us})
     return entries
@@ -112,11 +115,12 @@ def _entry_key(e: dict) -> tuple:
     return e["op"], json.dumps(e["shape"], sort_keys=True), e["m"], e["flashinfer"], e["pdl"]
 
 
-def build_table(reports: list[dict], old: dict | None, generated_by: str, per_point: bool = False) -> dict:
-    """The table of ``reports``' named rows; of ``old``, the entries of other flashinfer versions, or
-    with ``per_point`` every entry at a point the reports did not measure (a run of a few shapes
-    refining a table)."""
-    new = [e for r in reports for e in table_entries(r)]
+def build_table(reports: list[dict], old: dict | None, generated_by: str, per_point: bool = False,
+                unnamed: bool = True) -> dict:
+    """The table of ``reports``' rows (``unnamed`` False: their named shapes' only); of ``old``, the entries
+    of other flashinfer versions, or with ``per_point`` every entry at a point the reports did not measure
+    (a run of a few shapes refining a table)."""
+    new = [e for r in reports for e in table_entries(r, unnamed)]
     versions, points = {e["flashinfer"] for e in new}, {_entry_key(e) for e in new}
     kept = [e for e in (old or {}).get("entries", [])
             if (_entry_key(e) not in points if per_point else e["flashinfer"] not in versions)]

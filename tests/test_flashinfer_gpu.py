@@ -204,3 +204,38 @@ def test_pinned_tinygemm_program(gen, variant, kn, m, pdl):
     first = out.clone()
     run(out, a, w.t())
     assert torch.equal(out, first)  # repeats are bit-identical
+
+
+TILE_SHAPES = [(n, k) for n, k in ((2112, 7168), (2624, 6144), (1056, 2560), (576, 2048), (3648, 7168))]
+
+
+@pytest.mark.parametrize("m", [1, 8, 9, 13, 16, 24, 33, 64])
+@pytest.mark.parametrize("nk", TILE_SHAPES)
+def test_the_estimate_names_the_program_flashinfer_runs(nk, m):
+    # What estimate.py places flashinfer's fused-A call with: the program tinygemm_bf16's own dispatch picks
+    # for these tensors on this GPU (its enabled check on the real device and CUDA, its window table), or its
+    # reference kernel where it picks none; a pinned program's tile is that program's.
+    import flashinfer.gemm.routergemm as rg
+
+    from slim_kernel import routing
+    from slim_kernel.backends import flashinfer as fb
+    from slim_kernel.names import FUSED_A
+
+    n, k = nk
+    assert routing.flashinfer_tiles(FUSED_A, routing.Device("x", 132, "sm_90"), metadata.version("flashinfer-python")) \
+        is fb.fused_a_tile
+    tile = fb.fused_a_tile(m, n, k)
+    if not hasattr(rg, "_tinygemm2_wgmma_program"):  # before 0.7.4: one kernel serves every call
+        assert tile == fb.REFERENCE_TILE
+        return
+    a, w = torch.zeros(m, k, dtype=torch.bfloat16, device="cuda"), torch.zeros(n, k, dtype=torch.bfloat16, device="cuda")
+    program = rg._tinygemm2_wgmma_program(a, w, False, False)
+    if program is None:
+        assert tile == fb.REFERENCE_TILE
+    else:
+        assert tile.name == rg._tinygemm2_wgmma_tile(program)
+        assert (tile.tokens, tile.rows) == rg._TINYGEMM2_WGMMA_TILES[tile.name]
+        assert 0 < tile.smem <= 227 * 1024
+    for variant, name in FLASHINFER_FUSED_A_PROGRAMS.items():
+        pinned = fb.fused_a_tile(m, n, k, variant)
+        assert pinned is None if fb.fused_a_program(variant, k, False) is None else pinned.name == name

@@ -30,7 +30,7 @@ def tuned_cache(tmp_path, monkeypatch):
 
 
 def _entry(m=1, pdl=False, us=None, shape=None, op=ROUTER):
-    return {"op": op, "shape": shape or {"e": 160, "k": 5120, "out": "float32"}, "m": m, "flashinfer": "0.7.4",
+    return {"op": op, "shape": shape or {"e": 144, "k": 5120, "out": "float32"}, "m": m, "flashinfer": "0.7.4",
             "pdl": pdl, "us": us or {"jit:direct_c8": 3.0, "torch": 7.0}}
 
 
@@ -87,10 +87,10 @@ def test_tuned_table_is_written_atomically_merged_and_preferred(tuned_cache):
     data = json.loads(path.read_text())
     assert len(data["entries"]) == 3 and not list(path.parent.glob(".tune-*"))  # merged, no temp file left
     routing.reload()
-    dec = routing.lookup(ROUTER, {"e": 160, "k": 5120, "out": "float32"}, 2, False, H200)
+    dec = routing.lookup(ROUTER, {"e": 144, "k": 5120, "out": "float32"}, 2, False, H200)
     assert dec.source == "tuned" and dec.point.best("jit") == ("ring_c8", 2.0)
     # past the M it measured the tuned table says nothing: the shipped table or the estimate does
-    assert routing.lookup(ROUTER, {"e": 160, "k": 5120, "out": "float32"}, 5, False, H200).source == "estimate"
+    assert routing.lookup(ROUTER, {"e": 144, "k": 5120, "out": "float32"}, 5, False, H200).source == "estimate"
 
 
 @pytest.mark.parametrize("corrupt", [
@@ -116,7 +116,7 @@ def test_a_bad_tuned_table_is_refused_with_a_warning_never_a_crash(tuned_cache, 
         assert routing.tuned_table(H200, "0.7.4") is None
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        dec = routing.lookup(ROUTER, {"e": 160, "k": 5120, "out": "float32"}, 1, False, H200)
+        dec = routing.lookup(ROUTER, {"e": 144, "k": 5120, "out": "float32"}, 1, False, H200)
     assert dec is None or dec.source != "tuned"
 
 
@@ -141,7 +141,7 @@ def test_write_table_refuses_what_selection_would_refuse(tuned_cache):
 
 def test_unmeasured_shapes_are_estimated_from_every_measured_shape_and_say_so(tuned_cache):
     shipped = routing.table("sm_90")
-    shape = {"e": 160, "k": 5120, "out": "float32"}
+    shape = {"e": 144, "k": 5120, "out": "float32"}
     assert shipped.lookup(ROUTER, shape, 4, "0.7.4", False) is None  # no table has it: never another shape's point
     dec = routing.lookup(ROUTER, shape, 4, False, H200)
     assert dec.source == "estimate" and dec.estimated and "slim-kernel tune" in dec.match
@@ -438,3 +438,33 @@ def test_the_decode_step_graph_opens_with_a_producer_and_holds_at_least_calls_ge
     assert us == pytest.approx((0.99 - 0.49) * 1e3 / n) and step.producer_us == pytest.approx(490 / (n + 1))
     with pytest.raises(ValueError, match="weight copies"):
         step.time([(lambda: None)] * (n + 2))
+
+
+def test_flashinfer_fused_a_call_is_placed_as_the_program_its_release_runs():
+    from collections import namedtuple
+
+    from slim_kernel import estimate
+
+    tile = namedtuple("Tile", "name tokens rows smem cluster")
+    one_per_sm, two_per_sm = tile("U4", 8, 16, 199680, 1), tile("S8", 8, 16, 101376, 1)
+
+    def tiles(m, n, k, variant=None):  # a window table: U4 up to N=2112, S8 past it
+        return two_per_sm if variant == "s8il" or n > 2112 else one_per_sm
+
+    assert estimate.grid(FUSED_A, "flashinfer", 2112, 7168, 8, 132, tiles) == (132, 132)
+    assert estimate.grid(FUSED_A, "flashinfer", 2112, 7168, 12, 132, tiles) == (264, 132)  # two token tiles: 2 waves
+    assert estimate.grid(FUSED_A, "flashinfer:s8il", 2624, 6144, 8, 132, tiles) == (164, 264)  # two CTAs per SM
+    assert estimate.body(FUSED_A, "flashinfer", 2624, 6144, 8, tiles) == "S8"
+    assert estimate.body(FUSED_A, "flashinfer", 2624, 6144, 8) == ""  # no tiles: one opaque body
+    # flashinfer wins where it ran U4, loses where it ran S8; at N=1536 it runs U4: only the U4 point stands in
+    tab = routing.Table({"schema": 1, "arch": "sm_90", "entries": [
+        _entry(8, us={"jit:stream_r2": 9.0, "flashinfer": 8.0}, shape={"n": 2112, "k": 7168}, op=FUSED_A),
+        _entry(8, us={"jit:stream_r2": 9.0, "flashinfer": 12.0}, shape={"n": 2624, "k": 7168}, op=FUSED_A),
+    ]}, "test")
+    dec = estimate.estimate(FUSED_A, {"n": 1536, "k": 7168}, 8, False, H200, [tab], "0.7.4", tiles)
+    assert dec.point.us[0][0] == "flashinfer"
+    assert dict(dec.point.us)["flashinfer"] < dict(dec.point.us)["jit:stream_r2"] * 0.95
+    # the programs of another release say nothing about the 0.7.4 points: opaque again, with its margin
+    other = estimate.estimate(FUSED_A, {"n": 1536, "k": 7168}, 8, False, H200, [tab], "0.7.5", tiles)
+    assert other.point.us == estimate.estimate(FUSED_A, {"n": 1536, "k": 7168}, 8, False, H200, [tab], "0.7.5").point.us
+    assert other.point.us[0][0] == "jit:stream_r2"

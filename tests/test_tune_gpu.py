@@ -17,15 +17,15 @@ import torch
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(
     not torch.cuda.is_available() or torch.cuda.get_device_capability() < (9, 0), reason="needs a CUDA GPU, SM >= 9.0")]
 
-SHAPE = "160,5120,float32"  # no model names it: before the tune, an estimate decides
+SHAPE = "144,5120,float32"  # no model names it: before the tune, an estimate decides
 
 PICK = r"""
 import json, sys, torch
 import slim_kernel.ops
 from slim_kernel import registry
 m = int(sys.argv[1])
-x = torch.randn(m, 5120, device="cuda").bfloat16(); w = torch.randn(160, 5120, device="cuda").bfloat16()
-out = torch.empty(m, 160, device="cuda")
+x = torch.randn(m, 5120, device="cuda").bfloat16(); w = torch.randn(144, 5120, device="cuda").bfloat16()
+out = torch.empty(m, 144, device="cuda")
 sel = registry.select("dsv3_router_gemm", x.device, (out, x, w), pdl=False)
 dec = registry.decision("dsv3_router_gemm", x.device, (out, x, w), False)
 best = dec.point.best(sel.spec.backend.value)
@@ -83,7 +83,7 @@ def test_a_table_of_another_device_is_not_used(tmp_path):
     rdev = registry.routing_device(torch.device("cuda", 0))
     path = routing.tuned_path(rdev, routing.flashinfer_version(), tmp_path)
     path.parent.mkdir(parents=True)
-    entry = {"op": "dsv3_router_gemm", "shape": {"e": 160, "k": 5120, "out": "float32"}, "m": 4,
+    entry = {"op": "dsv3_router_gemm", "shape": {"e": 144, "k": 5120, "out": "float32"}, "m": 4,
              "flashinfer": routing.flashinfer_version() or "not installed", "pdl": False, "us": {"torch": 1.0}}
     path.write_text(json.dumps({"schema": 1, "arch": rdev.arch, "device": "NVIDIA H20", "sms": 78,
                                 "flashinfer": entry["flashinfer"], "entries": [entry]}))

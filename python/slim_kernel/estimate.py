@@ -24,8 +24,13 @@ back to the priority order (run 126: fused-A 1056x2560, whose weights were all b
 backend's own default there at 1.18-1.51x the best anchor). Narrow's straight-line body (its own K
 and the smaller ones it is fitted to) and its generic body are different kernels and never stand in for
 each other.
-flashinfer's ``tinygemm_bf16`` picks its own program per shape from windows it measured (0.7.4
-on SM90), so on an unmeasured shape its regret carries ``OPAQUE_MARGIN`` more.
+flashinfer's ``tinygemm_bf16`` picks its own program per shape from a window table (0.7.4 on SM90: 1.0x the
+best anchor at one M, 1.2-1.5x at the next where it switches to a program that runs in two or three waves).
+Where the table's points were measured on the installed flashinfer, ``tiles`` (the flashinfer backend's
+``fused_a_tile``, which asks that table) gives the program and tile of its call at each shape and M: its grid
+is placed like a JIT configuration's, and only points where it ran the same program stand in (as for narrow's
+bodies). Otherwise its program is unknown: one CTA per SM is assumed and its regret carries ``OPAQUE_MARGIN``
+more.
 
 Scored on the H200 runs (shapes the table lacks, and each shape left out of the table in turn; the
 pick's measured time) by ``benchmark/score_estimate.py``; numbers in
@@ -36,6 +41,7 @@ weighted regret times the similarity-weighted best time of the measured shapes.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 from .names import FUSED_A
 from .routing import Decision, Device, Point, Table, _shape_items
@@ -47,12 +53,14 @@ MIN_WEIGHT = 1e-3
 OUT_DTYPE_DISTANCE = 0.1
 # flashinfer's fused-A call chooses its own program per shape: unpredictable where it was not measured
 OPAQUE_MARGIN = {(FUSED_A, "flashinfer"): 0.2}
-# rows of N per CTA of each of flashinfer's pinned fused-A programs (names.FLASHINFER_FUSED_A_PROGRAMS):
-# grids of 164 and 41 CTAs at N=2624 (ncu, H200 run 80), one CTA per SM (200+ KB of shared memory)
+# rows of N per CTA of each of flashinfer's pinned fused-A programs (names.FLASHINFER_FUSED_A_PROGRAMS) where
+# ``tiles`` cannot say: grids of 164 and 41 CTAs at N=2624 (ncu, H200 run 80), one CTA per SM assumed
 PINNED_ROWS_PER_CTA = {"s8il": 16, "cn16": 64}
 MAX_THREADS_PER_SM = 2048
 REGS_PER_SM = 65536
 ASSUMED_REGS = 128  # an uncapped kernel's registers per thread where the catalogue does not say
+# (M, N, K, pinned variant or None) -> the tile of flashinfer's fused-A program (backends.flashinfer.fused_a_tile)
+Tiles = Callable[[int, int, int, "str | None"], object]
 
 
 def _nk(op: str, shape: dict) -> tuple[int, int] | None:
@@ -70,14 +78,25 @@ def _config(op: str, candidate: str):
     return VARIANTS.get(op, {}).get(variant)
 
 
-def grid(op: str, candidate: str, n: int, k: int, m: int, sms: int) -> tuple[int, int]:
+def _flashinfer_tile(op: str, candidate: str, n: int, k: int, m: int, tiles: Tiles | None):
+    backend, _, variant = candidate.partition(":")
+    if tiles is None or (op, backend) != (FUSED_A, "flashinfer"):
+        return None
+    return tiles(m, n, k, variant or None)
+
+
+def grid(op: str, candidate: str, n: int, k: int, m: int, sms: int, tiles: Tiles | None = None) -> tuple[int, int]:
     """(CTAs, CTAs running at once) of ``candidate`` at (N, K, M) on ``sms`` SMs."""
+    from .jit.catalogue import SMEM_PER_SM, SMEM_RESERVED_PER_CTA
+
+    tile = _flashinfer_tile(op, candidate, n, k, m, tiles)
+    if tile is not None:  # a flashinfer program whose tile the installed flashinfer names
+        ctas = tile.cluster * -(-m // tile.tokens) * -(-n // tile.rows)
+        return ctas, sms * max(1, SMEM_PER_SM // (tile.smem + SMEM_RESERVED_PER_CTA))
     backend, _, variant = candidate.partition(":")
     rows = PINNED_ROWS_PER_CTA.get(variant) if (op, backend) == (FUSED_A, "flashinfer") else None
     if rows:  # a pinned flashinfer program: its tile is known, one CTA per SM at a time (ncu, run 80)
         return -(-n // rows), sms
-    from .jit.catalogue import SMEM_PER_SM, SMEM_RESERVED_PER_CTA
-
     cfg = _config(op, candidate)
     if cfg is None:  # flashinfer's own choice, torch: a grid we do not know, assumed one CTA per SM
         return sms, sms
@@ -90,16 +109,21 @@ def grid(op: str, candidate: str, n: int, k: int, m: int, sms: int) -> tuple[int
     return ctas, sms * per_sm
 
 
-def body(op: str, candidate: str, n: int, k: int, m: int) -> str:
+def body(op: str, candidate: str, n: int, k: int, m: int, tiles: Tiles | None = None) -> str:
     """Which compiled body ``candidate`` runs at (N, K, M): narrow configurations have a straight-line
-    one for the K they are fitted to (catalogue ``Narrow.exact_for``) and a generic one."""
+    one for the K they are fitted to (catalogue ``Narrow.exact_for``) and a generic one; flashinfer's
+    fused-A call runs the program its window table picks (where ``tiles`` can say)."""
+    tile = _flashinfer_tile(op, candidate, n, k, m, tiles)
+    if tile is not None:
+        return tile.name
     exact_for = getattr(_config(op, candidate), "exact_for", None)
     return "exact" if exact_for is not None and exact_for((n, k)) else ""
 
 
-def geometry_distance(op: str, candidate: str, a: tuple[int, int, int], b: tuple[int, int, int], sms: int) -> float:
+def geometry_distance(op: str, candidate: str, a: tuple[int, int, int], b: tuple[int, int, int], sms: int,
+                      tiles: Tiles | None = None) -> float:
     """How differently ``candidate``'s grid lands on ``sms`` SMs at (N, K, M) ``a`` and ``b``."""
-    (ga, sa), (gb, sb) = grid(op, candidate, *a, sms), grid(op, candidate, *b, sms)
+    (ga, sa), (gb, sb) = grid(op, candidate, *a, sms, tiles), grid(op, candidate, *b, sms, tiles)
     bytes_a, bytes_b = a[0] * a[1] / ga, b[0] * b[1] / gb
     waves_a, waves_b = -(-ga // sa), -(-gb // sb)
     return (abs(math.log(bytes_a / bytes_b)) + abs(waves_a - waves_b) / 2
@@ -129,12 +153,15 @@ def _training(tables: list[Table], op: str, m: int, pdl: bool, flashinfer: str |
 
 
 def estimate(op: str, shape: dict, m: int, pdl: bool, device: Device, tables: list[Table],
-             flashinfer: str | None) -> Decision | None:
-    """A synthetic point ranking every estimable candidate, or None (nothing to learn from)."""
+             flashinfer: str | None, tiles: Tiles | None = None) -> Decision | None:
+    """A synthetic point ranking every estimable candidate, or None (nothing to learn from). ``tiles``:
+    the installed flashinfer's fused-A programs (used where every point learnt from was measured on it)."""
     nk = _nk(op, shape)
     train = _training(tables, op, m, pdl, flashinfer) if nk else []
     if not train:
         return None
+    if any(p.flashinfer != (flashinfer or "not installed") for p in train):
+        tiles = None  # its programs at the measured shapes were another release's
     here = (*nk, m)
     log_regret: dict[str, float] = {}
     weight: dict[str, float] = {}
@@ -150,14 +177,15 @@ def estimate(op: str, shape: dict, m: int, pdl: bool, device: Device, tables: li
         w_shape = math.exp(-(abs(math.log(nk[0] / pnk[0])) + abs(math.log(nk[1] / pnk[1])) + extra) / TAU)
         best_log, best_w = best_log + w_shape * math.log(best * nk[0] * nk[1] / (pnk[0] * pnk[1])), best_w + w_shape
         for cand, us in p.us:
-            if body(op, cand, *there) != body(op, cand, *here):
+            if body(op, cand, *there, tiles) != body(op, cand, *here, tiles):
                 continue
-            w = math.exp(-(geometry_distance(op, cand, here, there, device.sms) + extra) / TAU)
+            w = math.exp(-(geometry_distance(op, cand, here, there, device.sms, tiles) + extra) / TAU)
             log_regret[cand] = log_regret.get(cand, 0.0) + w * math.log(us / best)
             weight[cand] = weight.get(cand, 0.0) + w
     ref = math.exp(best_log / best_w) if best_w > 0 else 1.0  # ~ the best µs here (display only)
     floor = MIN_WEIGHT * max(weight.values(), default=0.0)
-    predicted = {c: round(ref * math.exp(log_regret[c] / weight[c] + OPAQUE_MARGIN.get((op, c), 0.0)), 3)
+    margin = {} if tiles is not None else OPAQUE_MARGIN  # flashinfer's programs are known
+    predicted = {c: round(ref * math.exp(log_regret[c] / weight[c] + margin.get((op, c), 0.0)), 3)
                  for c in log_regret if weight[c] > 0 and weight[c] >= floor}
     if not predicted:
         return None

@@ -264,7 +264,22 @@ def _estimate(op: str, shape: tuple, m: int, pdl: bool, device: Device, version:
     from .estimate import estimate
 
     tables = [t for t in (tuned_table(device, version), table(device.arch)) if t is not None]
-    return estimate(op, dict(shape), m, pdl, device, tables, version)
+    return estimate(op, dict(shape), m, pdl, device, tables, version, flashinfer_tiles(op, device, version))
+
+
+def flashinfer_tiles(op: str, device: Device, version: str | None):
+    """The installed flashinfer's fused-A program tiles (``backends.flashinfer.fused_a_tile``; imports torch
+    and flashinfer), or None: another op or arch, no flashinfer, or one that does not import (its backend
+    reports that when selection loads it)."""
+    from .names import FUSED_A
+
+    if op != FUSED_A or device.arch != "sm_90" or version is None:
+        return None
+    try:
+        from .backends.flashinfer import fused_a_tile
+    except Exception:  # noqa: BLE001
+        return None
+    return fused_a_tile
 
 
 @cache

@@ -5,6 +5,10 @@ bmm_fp8 lives in :mod:`.flashinfer_fastpath` (importable without flashinfer, for
 
 from __future__ import annotations
 
+import functools
+import os
+from typing import NamedTuple
+
 import flashinfer.gemm
 import torch
 from flashinfer.gemm import tinygemm_bf16
@@ -65,6 +69,45 @@ def fused_a_program(variant: str, k: int, pdl: bool) -> str | None:
     return next((name for name in names if hasattr(programs, name)), None)
 
 
+class FusedATile(NamedTuple):
+    """The launch of one of ``tinygemm_bf16``'s sm_90 programs: a CTA per ``tokens`` x ``rows`` tile of the
+    output (``cluster`` CTAs each where the program splits K over a cluster), ``smem`` bytes of shared memory."""
+    name: str
+    tokens: int
+    rows: int
+    smem: int
+    cluster: int = 1
+
+
+# tinygemm_bf16's reference kernel (flashinfer's csrc/tinygemm2.cu: 8 tokens x 16 rows per CTA, 16 ring stages of
+# 12 KiB on sm_90): what it runs where no generated sm_90a program serves the shape, and every shape before 0.7.4
+REFERENCE_TILE = FusedATile("reference", 8, 16, 16 * 12288)
+
+
+@functools.cache
+def fused_a_tile(m: int, n: int, k: int, variant: str | None = None) -> FusedATile | None:
+    """The tile of the sm_90 program the installed flashinfer runs for fused-A at (M, N, K): its own choice
+    (``variant`` None: its window table, as ``tinygemm_bf16`` dispatches) or a pinned program; the same with PDL
+    or without. None where this flashinfer's layout is not one this reads (its helpers are private: present in
+    0.7.4, absent before). ``estimate.py`` places the call's grid on the device with it."""
+    from flashinfer.gemm import routergemm as rg
+
+    if not hasattr(rg, "_tinygemm2_wgmma_identifier"):  # 0.7.2-0.7.3: the reference kernel serves every call
+        return REFERENCE_TILE if variant is None and hasattr(rg, "get_tinygemm2_module") else None
+    program = _default_program(m, n, k, False) if variant is None else fused_a_program(variant, k, False)
+    if program is None:
+        return REFERENCE_TILE if variant is None else None
+    try:
+        from flashinfer.jit import cake_tinygemm2_wgmma as programs
+
+        tile = rg._tinygemm2_wgmma_tile(program)
+        tokens, rows = rg._TINYGEMM2_WGMMA_TILES[tile]
+        cluster = min(4, -(-k // 256)) if tile in rg._WGMMA_CLUSTER_TILES else 1
+        return FusedATile(tile, int(tokens), int(rows), int(getattr(programs, program).dynamic_smem_bytes), cluster)
+    except Exception:  # noqa: BLE001  (private helpers: a later release may rename or reshape them)
+        return None
+
+
 def prepare_fused_a(args, variant: str | None = None, pdl: bool | None = None):
     output, mat_a, mat_b = args
     pdl = launch_pdl(device=output.device) if pdl is None else pdl
@@ -108,10 +151,15 @@ def first_use_builds(calls, device: torch.device) -> dict:
 
 
 def _default_program(m: int, n: int, k: int, pdl: bool) -> str | None:
+    """The generated sm_90a program ``tinygemm_bf16`` runs at (M, N, K), or None (its reference kernel, or a
+    flashinfer whose private dispatch helpers this does not read)."""
     try:
-        from flashinfer.gemm.routergemm import _tinygemm2_wgmma_identifier as identify
+        from flashinfer.gemm import routergemm as rg
 
-        return identify(m, n, k, False, pdl)
+        enabled = getattr(rg, "_tinygemm2_wgmma_enabled", None)  # its switch: the env var, CUDA >= 12.8
+        if enabled is not None and not enabled(os.environ.get("FLASHINFER_DISABLE_TINYGEMM2_WGMMA", "0"), (9, 0)):
+            return None
+        return rg._tinygemm2_wgmma_identifier(m, n, k, False, pdl)
     except Exception:  # noqa: BLE001  (a private helper: absent before 0.7.4, its signature may change)
         return None
 
