@@ -468,3 +468,17 @@ def test_flashinfer_fused_a_call_is_placed_as_the_program_its_release_runs():
     other = estimate.estimate(FUSED_A, {"n": 1536, "k": 7168}, 8, False, H200, [tab], "0.7.5", tiles)
     assert other.point.us == estimate.estimate(FUSED_A, {"n": 1536, "k": 7168}, 8, False, H200, [tab], "0.7.5").point.us
     assert other.point.us[0][0] == "jit:stream_r2"
+
+
+def test_a_candidate_known_only_from_unlike_grids_ranks_near_the_prior():
+    from slim_kernel import estimate
+
+    # narrow_r2k6c wins GLM-5's router (one wave of 128 CTAs) and nothing else measured it; at E=768 it runs three
+    # waves, and its win there says little: torch, measured at the near E=640, serves (run 128: 1.24-1.35x before)
+    tab = routing.Table({"schema": 1, "arch": "sm_90", "entries": [
+        _entry(12, us={"jit:narrow_r2k6c": 5.0, "torch": 10.0}, shape={"e": 256, "k": 6144, "out": "float32"}),
+        _entry(12, us={"jit:skinny_c4": 10.2, "torch": 10.0}, shape={"e": 640, "k": 6144, "out": "float32"}),
+    ]}, "test")
+    dec = estimate.estimate(ROUTER, {"e": 768, "k": 6144, "out": "float32"}, 12, False, H200, [tab], "0.7.4")
+    us = dict(dec.point.us)
+    assert dec.point.us[0][0] == "torch" and us["jit:narrow_r2k6c"] > us["torch"] * 1.05

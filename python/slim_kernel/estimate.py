@@ -17,7 +17,11 @@ measured shape of the op (same M and launch context) is averaged in log space wi
 (lane fill: the share of a narrow kernel's thread-chunks that hold data in its rounds over K; two
 448-thread rounds fill 7168 exactly and 4096 to 57%; a fitted straight-line body fills every K it serves)
 
-and the candidate with the smallest weighted regret serves. A candidate whose total weight is below
+and the candidate with the smallest weighted regret serves. Evidence from grids unlike the call's is weak, so
+every candidate's average also holds a prior regret ``PRIOR_REGRET`` with a weight of ``PRIOR_WEIGHT`` of the
+best-supported candidate's: a candidate known only from far-off grids ranks near that prior, not at the regret
+it had there (run 128: narrow configurations that win GLM-5's router in one wave, picked at 768x6144 where they
+run three, 1.24-1.35x the best anchor). A candidate whose total weight is below
 MIN_WEIGHT of the best-supported candidate's is not estimated. The threshold is relative: far from every
 measured shape all weights are small, and the candidates still rank by their regrets rather than falling
 back to the priority order (run 126: fused-A 1056x2560, whose weights were all below 1e-3, ran the JIT
@@ -50,6 +54,8 @@ TAU = 0.2
 ACTIVE_WEIGHT = 1.0
 FILL_WEIGHT = 2.0  # of the lanes a narrow kernel's rounds keep busy at K (catalogue Narrow.lane_fill)
 MIN_WEIGHT = 1e-3
+PRIOR_WEIGHT = 0.01  # of the best-supported candidate's weight: 0.003-0.02 score alike (NOTES_kernels.md)
+PRIOR_REGRET = math.log(1.2)  # 1.15-1.3 score alike
 OUT_DTYPE_DISTANCE = 0.1
 # flashinfer's fused-A call chooses its own program per shape: unpredictable where it was not measured
 OPAQUE_MARGIN = {(FUSED_A, "flashinfer"): 0.2}
@@ -183,10 +189,12 @@ def estimate(op: str, shape: dict, m: int, pdl: bool, device: Device, tables: li
             log_regret[cand] = log_regret.get(cand, 0.0) + w * math.log(us / best)
             weight[cand] = weight.get(cand, 0.0) + w
     ref = math.exp(best_log / best_w) if best_w > 0 else 1.0  # ~ the best µs here (display only)
-    floor = MIN_WEIGHT * max(weight.values(), default=0.0)
+    most = max(weight.values(), default=0.0)
+    prior = PRIOR_WEIGHT * most
     margin = {} if tiles is not None else OPAQUE_MARGIN  # flashinfer's programs are known
-    predicted = {c: round(ref * math.exp(log_regret[c] / weight[c] + margin.get((op, c), 0.0)), 3)
-                 for c in log_regret if weight[c] > 0 and weight[c] >= floor}
+    predicted = {c: round(ref * math.exp((log_regret[c] + prior * PRIOR_REGRET) / (weight[c] + prior)
+                                         + margin.get((op, c), 0.0)), 3)
+                 for c in log_regret if weight[c] > 0 and weight[c] >= MIN_WEIGHT * most}
     if not predicted:
         return None
     point = Point(op, _shape_items(shape), m, train[0].flashinfer, pdl,
