@@ -464,6 +464,7 @@ def test_flashinfer_fused_a_call_is_placed_as_the_program_its_release_runs():
     dec = estimate.estimate(FUSED_A, {"n": 1536, "k": 7168}, 8, False, H200, [tab], "0.7.4", tiles)
     assert dec.point.us[0][0] == "flashinfer"
     assert dict(dec.point.us)["flashinfer"] < dict(dec.point.us)["jit:stream_r2"] * 0.95
+    assert "runs its U4 program here (96 CTAs, 132 at a time)" in dec.match  # what `info` shows
     # the programs of another release say nothing about the 0.7.4 points: opaque again, with its margin
     other = estimate.estimate(FUSED_A, {"n": 1536, "k": 7168}, 8, False, H200, [tab], "0.7.5", tiles)
     assert other.point.us == estimate.estimate(FUSED_A, {"n": 1536, "k": 7168}, 8, False, H200, [tab], "0.7.5").point.us

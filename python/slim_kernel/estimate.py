@@ -201,4 +201,8 @@ def estimate(op: str, shape: dict, m: int, pdl: bool, device: Device, tables: li
                   tuple(sorted(predicted.items(), key=lambda cu: (cu[1], cu[0]))))
     match = (f"estimate: each candidate's regret at the {len(train)} measured shapes (M={train[0].m}), weighted by "
              f"how alike its grid lands on {device.sms} SMs (estimate.py); `slim-kernel tune` measures it")
+    own = _flashinfer_tile(op, "flashinfer", *here, tiles)
+    if own is not None:
+        ctas, at_once = grid(op, "flashinfer", *here, device.sms, tiles)
+        match += f"; flashinfer {flashinfer} runs its {own.name} program here ({ctas} CTAs, {at_once} at a time)"
     return Decision(point, match, "estimate")
