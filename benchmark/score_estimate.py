@@ -9,7 +9,10 @@ measured time over the best anchor's (points above 1.10x, the worst) and over ou
 (geometric mean regret):
   * unnamed: the rows marked ``unnamed`` (shapes the table lacks), estimated from the whole table;
   * leave-one-shape-out: every shape of BENCH, estimated from the table without that shape.
-No GPU: ``slim_kernel.estimate`` is torch-free.
+No GPU: ``slim_kernel.estimate`` is torch-free. Where the installed flashinfer is the version the rows were
+measured with, the estimate places flashinfer's fused-A call as the program that release runs, as selection does
+(``routing.flashinfer_tiles``: imports torch and flashinfer); otherwise that call is scored as opaque, and the
+first line says which.
 """
 
 from __future__ import annotations
@@ -31,8 +34,9 @@ def _shape(row: dict) -> dict:
 def _score(rows: list[dict], tables_for, device, flashinfer: str, listing: bool) -> tuple[int, float, float]:
     over, worst, log_regret = 0, 0.0, 0.0
     for r in rows:
+        tiles = routing.flashinfer_tiles(r["op"], device, flashinfer) if _programs_readable(flashinfer) else None
         d = estimate.estimate(r["op"], _shape(r), r["shape"]["m"], r["producer"] == "pdl", device, tables_for(r),
-                              flashinfer)
+                              flashinfer, tiles)
         if d is None:  # nothing to estimate from: selection runs the priority order, as the run's default did
             pick, us = "priority order", r["us"]["default"]
         else:  # the first candidate of the ranking that runs at this shape (selection skips the others)
@@ -45,6 +49,11 @@ def _score(rows: list[dict], tables_for, device, flashinfer: str, listing: bool)
         worst = max(worst, us / anchor)
         log_regret += math.log(us / ours)
     return over, worst, math.exp(log_regret / len(rows))
+
+
+def _programs_readable(flashinfer: str) -> bool:
+    """Whether the installed flashinfer is the measured one (its fused-A programs then place its call)."""
+    return routing.flashinfer_version() == flashinfer
 
 
 def main() -> int:
@@ -69,7 +78,9 @@ def main() -> int:
             without[key] = [routing.Table(data | {"entries": rest}, args.table)]
         return without[key]
 
-    lines = []
+    how = (f"read from the installed {args.flashinfer}" if _programs_readable(args.flashinfer)
+           else f"not read (flashinfer {args.flashinfer} is not installed): its call is opaque")
+    lines = [f"flashinfer's fused-A programs: {how}"]
     for label, subset, tables_for in (("unnamed", [r for r in rows if r.get("unnamed")], lambda r: whole),
                                       ("leave-one-shape-out", rows, loso)):
         if not subset:
