@@ -107,3 +107,38 @@ def test_first_use_builds_name_each_module_once(fake_flashinfer, monkeypatch):
     assert fb.first_use_builds([("dsv3_router_gemm", 1, 160, 5120)], torch.device("cpu")).keys() == {"norm"}
     assert fb.first_use_builds([], torch.device("cpu")) == {}
     assert "PICK_M1" not in fb.first_use_builds([("dsv3_fused_a_gemm", 1, 2112, 7168)], torch.device("cpu"))
+
+
+def test_fused_a_tile_reads_the_installed_dispatch(fake_flashinfer, monkeypatch):
+    """The estimate's view of flashinfer's fused-A call: the program its window table picks (tile, shared memory,
+    cluster), the reference kernel where it picks none or before 0.7.4, and None where the layout is not readable."""
+    fb, _, programs = fake_flashinfer
+    import flashinfer.gemm.routergemm as rg
+
+    record = types.SimpleNamespace
+    programs.PACKED_U4_IL_BOX3D_NOBIAS = record(dynamic_smem_bytes=199680)
+    programs.PACKED_S8_IL_BOX3D_NOBIAS = record(dynamic_smem_bytes=101376)
+    programs.CLUSTER_S8U8_C4_NOBIAS = record(dynamic_smem_bytes=199168)
+    tiles = {"PACKED_U4_IL": (8, 16), "PACKED_S8_IL": (8, 16), "CLUSTER_S8U8": (8, 16)}
+    picks = {1: "PACKED_U4_IL_BOX3D_NOBIAS", 2: "CLUSTER_S8U8_C4_NOBIAS", 3: None}
+    for name, value in {"_TINYGEMM2_WGMMA_TILES": tiles, "_WGMMA_CLUSTER_TILES": ("CLUSTER_S8U8",),
+                        "_tinygemm2_wgmma_tile": lambda p: max((t for t in tiles if p.startswith(t)), key=len),
+                        "_tinygemm2_wgmma_identifier": lambda m, n, k, bias, pdl: picks[m],
+                        "_tinygemm2_wgmma_enabled": lambda disabled, cc: disabled != "1",
+                        "get_tinygemm2_module": lambda: None}.items():
+        monkeypatch.setattr(rg, name, value, raising=False)
+    fb.fused_a_tile.cache_clear()
+    assert fb.fused_a_tile(1, 2112, 7168) == fb.FusedATile("PACKED_U4_IL", 8, 16, 199680, 1)
+    assert fb.fused_a_tile(2, 256, 7168) == fb.FusedATile("CLUSTER_S8U8", 8, 16, 199168, 4)  # a cluster of 4 per tile
+    assert fb.fused_a_tile(3, 2112, 7168) == fb.REFERENCE_TILE  # no window admits it: the reference kernel
+    assert fb.fused_a_tile(1, 2112, 7168, "s8il") == fb.FusedATile("PACKED_S8_IL", 8, 16, 101376, 1)
+    assert fb.fused_a_tile(1, 2112, 7168, "cn16") is None  # a program whose tile its table does not name: unreadable
+    monkeypatch.setenv("FLASHINFER_DISABLE_TINYGEMM2_WGMMA", "1")
+    fb.fused_a_tile.cache_clear()
+    assert fb.fused_a_tile(1, 2112, 7168) == fb.REFERENCE_TILE  # its switch is off: the reference kernel serves
+    monkeypatch.delattr(rg, "_tinygemm2_wgmma_identifier")  # a release before the generated programs
+    fb.fused_a_tile.cache_clear()
+    assert fb.fused_a_tile(1, 2112, 7168) == fb.REFERENCE_TILE and fb.fused_a_tile(1, 2112, 7168, "s8il") is None
+    monkeypatch.delattr(rg, "get_tinygemm2_module")  # a layout this does not know
+    fb.fused_a_tile.cache_clear()
+    assert fb.fused_a_tile(1, 2112, 7168) is None
