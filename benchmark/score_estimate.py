@@ -33,10 +33,11 @@ def _shape(row: dict) -> dict:
 
 def _score(rows: list[dict], tables_for, device, flashinfer: str, listing: bool) -> tuple[int, float, float]:
     over, worst, log_regret = 0, 0.0, 0.0
+    readable = _programs_readable(flashinfer)
+    tiles = {op: routing.flashinfer_tiles(op, device, flashinfer) if readable else None for op in {r["op"] for r in rows}}
     for r in rows:
-        tiles = routing.flashinfer_tiles(r["op"], device, flashinfer) if _programs_readable(flashinfer) else None
         d = estimate.estimate(r["op"], _shape(r), r["shape"]["m"], r["producer"] == "pdl", device, tables_for(r),
-                              flashinfer, tiles)
+                              flashinfer, tiles[r["op"]])
         if d is None:  # nothing to estimate from: selection runs the priority order, as the run's default did
             pick, us = "priority order", r["us"]["default"]
         else:  # the first candidate of the ranking that runs at this shape (selection skips the others)

@@ -34,6 +34,11 @@ def _entry(m=1, pdl=False, us=None, shape=None, op=ROUTER):
             "pdl": pdl, "us": us or {"jit:direct_c8": 3.0, "torch": 7.0}}
 
 
+def _table(*entries):
+    """A shipped-style table of ``entries`` (the estimate's training points in these tests)."""
+    return routing.Table({"schema": 1, "arch": "sm_90", "entries": list(entries)}, "test")
+
+
 def _header(device=H200, flashinfer="0.7.4"):
     return {"arch": device.arch, "device": device.name, "sms": device.sms, "flashinfer": flashinfer,
             "generated_by": "test"}
@@ -160,19 +165,18 @@ def test_estimate_weighs_measured_shapes_by_how_alike_the_candidates_grid_lands(
 
     # two candidates, two measured shapes: "jit:direct_c8" wins at the shape whose grid is like the
     # query's, "torch" at the far one; the estimate follows the alike one
-    tab = routing.Table({"schema": 1, "arch": "sm_90", "entries": [
+    tab = _table(
         _entry(8, us={"jit:direct_c8": 4.0, "torch": 6.0}, shape={"e": 256, "k": 7168, "out": "float32"}),
-        _entry(8, us={"jit:direct_c8": 9.0, "torch": 3.0}, shape={"e": 16, "k": 512, "out": "float32"}),
-    ]}, "test")
+        _entry(8, us={"jit:direct_c8": 9.0, "torch": 3.0}, shape={"e": 16, "k": 512, "out": "float32"}))
     dec = estimate.estimate(ROUTER, {"e": 288, "k": 7168, "out": "float32"}, 8, False, H200, [tab], "0.7.4")
     assert dec.point.us[0][0] == "jit:direct_c8"
     # narrow's straight-line body (K = 7168 and the smaller K it is fitted to) never stands in for its generic one
     assert estimate.body(ROUTER, "jit:narrow_r1kc", 256, 7168, 4) == "exact"
     assert estimate.body(ROUTER, "jit:narrow_r1kc", 256, 6144, 4) == "exact"  # fitted: 384 threads
     assert estimate.body(ROUTER, "jit:narrow_r1kc", 256, 6152, 4) == ""
-    tab = routing.Table({"schema": 1, "arch": "sm_90", "entries": [
+    tab = _table(
         _entry(4, us={"jit:narrow_r1kc": 2.0, "torch": 6.0}, shape={"e": 256, "k": 7168, "out": "float32"}),
-        _entry(4, us={"jit:narrow_r1kc": 2.5, "torch": 6.0}, shape={"e": 384, "k": 7168, "out": "float32"})]}, "t")
+        _entry(4, us={"jit:narrow_r1kc": 2.5, "torch": 6.0}, shape={"e": 384, "k": 7168, "out": "float32"}))
     dec = estimate.estimate(ROUTER, {"e": 256, "k": 5128, "out": "float32"}, 4, False, H200, [tab], "0.7.4")
     assert [c for c, _ in dec.point.us] == ["torch"]
 
@@ -182,10 +186,9 @@ def test_a_shape_far_from_every_measured_one_is_still_estimated():
 
     # every candidate's weight is far below MIN_WEIGHT here; they still rank by their regrets (the priority
     # order, which is what selection runs without an estimate, was 1.18-1.51x the best anchor at such a shape)
-    tab = routing.Table({"schema": 1, "arch": "sm_90", "entries": [
+    tab = _table(
         _entry(8, us={"jit:stream_r2": 9.0, "flashinfer": 8.0, "torch": 12.0}, shape={"n": 3648, "k": 7168}, op=FUSED_A),
-        _entry(8, us={"jit:stream_r2": 7.0, "flashinfer": 7.5, "torch": 10.0}, shape={"n": 2112, "k": 7168}, op=FUSED_A),
-    ]}, "test")
+        _entry(8, us={"jit:stream_r2": 7.0, "flashinfer": 7.5, "torch": 10.0}, shape={"n": 2112, "k": 7168}, op=FUSED_A))
     here, there = (1056, 2560, 8), (2112, 7168, 8)
     for cand in ("jit:stream_r2", "flashinfer", "torch"):
         assert math.exp(-estimate.geometry_distance(FUSED_A, cand, here, there, 132) / estimate.TAU) < estimate.MIN_WEIGHT
@@ -457,10 +460,9 @@ def test_flashinfer_fused_a_call_is_placed_as_the_program_its_release_runs():
     assert estimate.body(FUSED_A, "flashinfer", 2624, 6144, 8, tiles) == "S8"
     assert estimate.body(FUSED_A, "flashinfer", 2624, 6144, 8) == ""  # no tiles: one opaque body
     # flashinfer wins where it ran U4, loses where it ran S8; at N=1536 it runs U4: only the U4 point stands in
-    tab = routing.Table({"schema": 1, "arch": "sm_90", "entries": [
+    tab = _table(
         _entry(8, us={"jit:stream_r2": 9.0, "flashinfer": 8.0}, shape={"n": 2112, "k": 7168}, op=FUSED_A),
-        _entry(8, us={"jit:stream_r2": 9.0, "flashinfer": 12.0}, shape={"n": 2624, "k": 7168}, op=FUSED_A),
-    ]}, "test")
+        _entry(8, us={"jit:stream_r2": 9.0, "flashinfer": 12.0}, shape={"n": 2624, "k": 7168}, op=FUSED_A))
     dec = estimate.estimate(FUSED_A, {"n": 1536, "k": 7168}, 8, False, H200, [tab], "0.7.4", tiles)
     assert dec.point.us[0][0] == "flashinfer"
     assert dict(dec.point.us)["flashinfer"] < dict(dec.point.us)["jit:stream_r2"] * 0.95
@@ -476,10 +478,9 @@ def test_a_candidate_known_only_from_unlike_grids_ranks_near_the_prior():
 
     # narrow_r2k6c wins GLM-5's router (one wave of 128 CTAs) and nothing else measured it; at E=768 it runs three
     # waves, and its win there says little: torch, measured at the near E=640, serves (run 128: 1.24-1.35x before)
-    tab = routing.Table({"schema": 1, "arch": "sm_90", "entries": [
+    tab = _table(
         _entry(12, us={"jit:narrow_r2k6c": 5.0, "torch": 10.0}, shape={"e": 256, "k": 6144, "out": "float32"}),
-        _entry(12, us={"jit:skinny_c4": 10.2, "torch": 10.0}, shape={"e": 640, "k": 6144, "out": "float32"}),
-    ]}, "test")
+        _entry(12, us={"jit:skinny_c4": 10.2, "torch": 10.0}, shape={"e": 640, "k": 6144, "out": "float32"}))
     dec = estimate.estimate(ROUTER, {"e": 768, "k": 6144, "out": "float32"}, 12, False, H200, [tab], "0.7.4")
     us = dict(dec.point.us)
     assert dec.point.us[0][0] == "torch" and us["jit:narrow_r2k6c"] > us["torch"] * 1.05
