@@ -32,9 +32,8 @@ def k_fitted(k: int = 4096, n: int = 840) -> list[KernelInstance]:
     ``Narrow.fitted_threads``; 840 rows: every row count divides it), every M they serve there, both outputs:
     compiled per call shape, so not in ``all_instances``, but held to the same limits."""
     from slim_kernel.jit import catalogue as cat
-    from slim_kernel.names import ROUTER
 
     return list(dict.fromkeys(  # configurations fitted alike (narrow_r2t896 at 6144 is narrow_r2t768k6) once
-        cfg.instance(ROUTER, m, dt, (n, k)) for cfg in cat.VARIANTS[ROUTER].values()
+        cfg.instance(op, m, dt, (n, k)) for op, variants in cat.VARIANTS.items() for cfg in variants.values()
         if getattr(cfg, "fitted_threads", None) and 0 < cfg.fitted_threads(k) < cfg.threads
-        for m in range(1, cfg.max_m((n, k)) + 1) for dt in cat.OUT_DTYPES[ROUTER]))
+        for m in range(1, cfg.max_m((n, k)) + 1) for dt in cat.OUT_DTYPES[op]))

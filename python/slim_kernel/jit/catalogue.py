@@ -6,7 +6,7 @@ bf16 out; fused-A: W = ``mat_b.T``, bf16 out), served by four kernel families wh
 in ``kernels/`` (design notes there):
 
   skinny  per-thread cp.async ring, swap-AB mma.sync, split-K over warps and a cluster (both ops)
-  narrow  a CTA per few rows over the whole K, CUDA-core FMAs, no cluster (router, M <= 16)
+  narrow  a CTA per few rows over the whole K, CUDA-core FMAs, no cluster (both ops, M <= 16)
   ring    loader warps filling an mbarrier ring with cp.async, compute warps on mma.sync, split-K
           over a cluster (router, M <= 32)
   direct  ring's split-K cluster and mma.sync, each lane loading its fragments straight into
@@ -96,7 +96,7 @@ class Skinny:
 @dataclass(frozen=True)
 class Narrow:
     kernel = "narrow"
-    ops = (ROUTER,)
+    ops = (ROUTER, FUSED_A)
     rows: int = 2  # output rows per CTA (compile-time)
     cpt: int = 2  # 16-byte chunks per thread per row and round (compile-time)
     threads: int = 448  # block size (compile-time: K = 7168 is one round of 448 x 2 chunks)
@@ -430,6 +430,14 @@ VARIANTS: dict[str, dict[str, GemmConfig]] = {
         # 32 rows per CTA: one wave where 16-row CTAs take two (GLM-5's 2624 rows: 82 CTAs, not 164)
         "stream_r2": Stream(stages=4, pieces=2, rt=2),
         "stream_r2c": Stream(stages=8, pieces=1, rt=2),
+        # the router's one-chunk narrow bodies (K <= 7168 fitted: K / 8 threads): a CTA per 1-8 rows over the
+        # whole K, every weight byte of the CTA requested before the PDL wait. Where stream's 16-row CTAs leave SMs
+        # idle (576x2048: 36 CTAs) they spread the weight over every SM, as sglang's tiny_gemm does. Registers at
+        # K = 7168 (896 threads, capped at 72): rows 8 spill past M=4, rows 4's generic body past M=4
+        "narrow_r1t896": Narrow(rows=1, cpt=1, threads=896, tokens=16, exactk=7168),
+        "narrow_r2t896": Narrow(rows=2, cpt=1, threads=896, tokens=10, exactk=7168),
+        "narrow_r4t896": Narrow(rows=4, cpt=1, threads=896, tokens=16, generic_tokens=4, exactk=7168),
+        "narrow_r8t896": Narrow(rows=8, cpt=1, threads=896, tokens=4, generic_tokens=1, exactk=7168),
     },
 }
 FALLBACK_VARIANT = "skinny"  # serves every M of both ops: the choice where nothing was measured

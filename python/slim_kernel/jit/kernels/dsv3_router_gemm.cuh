@@ -20,16 +20,6 @@
 #include "ring_gemm.cuh"
 #include "skinny_gemm.cuh"
 
-#ifndef SK_EXACTK
-#define SK_EXACTK 0  // narrow: the body compiled for K == SK_EXACTK (and M == SK_MT, E % SK_ROWS == 0)
-#endif
-#ifndef SK_PLAIN
-#define SK_PLAIN 0  // narrow: 1 = L1-allocating loads instead of L1::no_allocate
-#endif
-#ifndef SK_LATE
-#define SK_LATE 0  // narrow: 1 = the PDL trigger after the FMAs instead of at entry
-#endif
-
 // The block bound: 10 warps, the most a skinny configuration launches (catalogue.Skinny: warps
 // <= 10), the narrow kernel's compile-time block size, or the ring's compute + loader warps; one
 // CTA per SM is the design point.
@@ -56,15 +46,7 @@ dsv3_router_gemm_kernel(const __nv_bfloat16* __restrict__ hidden_states, const _
     slim::skinny_gemm<SK_RT, SK_NT, SK_STAGES, SK_OUT_BF16 != 0>(hidden_states, router_weights, out, M, E, K, ld_hidden,
                                                                 ld_weight, ld_out);
 #elif SK_FAMILY == 1
-#if SK_EXACTK
-    // The straight-line instance (catalogue Narrow.exact_for picks it only for this shape); uniform check.
-    if (K != SK_EXACTK || M != SK_MT || E % SK_ROWS != 0 || blockDim.x != SK_THREADS) asm volatile("trap;");
-    slim::narrow_gemm<SK_ROWS, SK_MT, SK_CPT, SK_THREADS, SK_PLAIN != 0, SK_LATE != 0, SK_OUT_BF16 != 0, SK_EXACTK>(
-        hidden_states, router_weights, out, M, E, K, ld_hidden, ld_weight, ld_out);
-#else
-    slim::narrow_gemm<SK_ROWS, SK_MT, SK_CPT, SK_THREADS, SK_PLAIN != 0, SK_LATE != 0, SK_OUT_BF16 != 0>(
-        hidden_states, router_weights, out, M, E, K, ld_hidden, ld_weight, ld_out);
-#endif
+    slim::narrow_instance<SK_OUT_BF16 != 0>(hidden_states, router_weights, out, M, E, K, ld_hidden, ld_weight, ld_out);
 #elif SK_FAMILY == 4
     slim::direct_gemm<SK_NT, SK_CW, SK_BPW, SK_OUT_BF16 != 0>(hidden_states, router_weights, out, M, E, K, ld_hidden,
                                                              ld_weight, ld_out);

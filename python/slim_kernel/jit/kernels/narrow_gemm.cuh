@@ -150,4 +150,26 @@ __device__ __forceinline__ void narrow_gemm(const __nv_bfloat16* __restrict__ ac
     }
 }
 
+#ifdef SK_ROWS
+// The instance the catalogue compiles (-D SK_ROWS, SK_MT, SK_CPT, SK_THREADS; optional SK_PLAIN, SK_LATE and
+// SK_EXACTK), called by both ops' entry points.
+#ifndef SK_EXACTK
+#define SK_EXACTK 0  // the body compiled for K == SK_EXACTK (and M == SK_MT, N % SK_ROWS == 0) only
+#endif
+#ifndef SK_PLAIN
+#define SK_PLAIN 0  // 1 = L1-allocating loads instead of L1::no_allocate
+#endif
+#ifndef SK_LATE
+#define SK_LATE 0  // 1 = the PDL trigger after the FMAs instead of at entry
+#endif
+template <bool OUT_BF16>
+__device__ __forceinline__ void narrow_instance(const __nv_bfloat16* __restrict__ act, const __nv_bfloat16* __restrict__ w,
+                                                void* __restrict__ out, int M, int N, int K, int lda, int ldw, int ldo) {
+    // The straight-line instance is the catalogue's pick for its shape alone (Narrow.exact_for); a uniform check.
+    if (SK_EXACTK && (K != SK_EXACTK || M != SK_MT || N % SK_ROWS != 0 || blockDim.x != SK_THREADS)) asm volatile("trap;");
+    narrow_gemm<SK_ROWS, SK_MT, SK_CPT, SK_THREADS, SK_PLAIN != 0, SK_LATE != 0, OUT_BF16, SK_EXACTK>(act, w, out, M, N, K,
+                                                                                                  lda, ldw, ldo);
+}
+#endif
+
 }  // namespace slim
