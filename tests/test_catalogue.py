@@ -261,3 +261,40 @@ def test_fast_eligibility_check_agrees_with_the_detailed_one():
                     seen += detailed_r is None
     assert seen > 10
     assert "outside" in jb.router_check(torch.empty(65, 256), big[:65, :7168], torch.randn(256, 7168).bfloat16())
+
+
+def test_fused_a_has_the_narrow_bodies_k_fitted():
+    r2 = cat.VARIANTS[FUSED_A]["narrow_r2t896"]
+    assert cat.variant_serves(r2, FUSED_A, 10) and not cat.variant_serves(r2, FUSED_A, 11)
+    inst = dict(r2.instance(FUSED_A, 5, "bfloat16", (576, 2048)).defines)
+    assert inst["SK_FAMILY"] == 1 and inst["SK_EXACTK"] == 2048 and inst["SK_THREADS"] == 256  # K / 8 threads
+    assert "SK_OUT_BF16" not in inst  # fused-A's output is bf16 by its source
+    assert r2.geometry(576, 2048, 132) == ((288, 1, 1), (256, 1, 1), None)
+    with pytest.raises(ValueError, match="float32"):
+        r2.instance(FUSED_A, 5, "float32", (576, 2048))
+
+
+@pytest.mark.parametrize("rows,cpt,m,nvcc", [(1, 1, 5, 40), (2, 1, 5, 48), (4, 1, 1, 48), (8, 1, 4, 96),
+                                             (2, 2, 8, 104), (1, 4, 4, 108)])
+def test_narrow_register_model_tracks_nvcc(rows, cpt, m, nvcc):
+    # nvcc 13.0's sm_90a counts of straight-line bodies fitted to K=2048 (threads = K / (8 cpt): no block bound bites)
+    cfg = cat.Narrow(rows=rows, cpt=cpt, threads=896 // cpt, tokens=16, exactk=7168)
+    got = cfg.registers(m, (840, 2048))
+    assert got % 8 == 0 and nvcc <= got <= 1.25 * nvcc  # never fewer: CTAs per SM are never overestimated
+
+
+def test_narrow_registers_stop_at_the_block_bound_and_the_cap():
+    wide = cat.VARIANTS[ROUTER]["narrow_r4t896"]  # 896 threads at K = 7168: one CTA per SM, 72 registers at most
+    assert wide.registers(16, (840, 7168)) == 72 and wide.registers(1, (840, 7168)) < 72
+    capped = cat.VARIANTS[ROUTER]["narrow_r2k6c"]  # 384 threads under a 104-register cap
+    assert capped.registers(12, (256, 6144)) == 104
+    assert capped.registers(12, (256, 6000)) > 104  # the generic body is uncapped (Narrow.instance)
+
+
+def test_the_estimate_places_narrow_ctas_by_their_registers():
+    from slim_kernel import estimate
+
+    # M=5, two rows per CTA (48 registers): 320 threads fit 4 CTAs per SM, one wave of 528 at 1056x2560;
+    # 384 threads fit 3, so 1088x3072's 544 CTAs take two (run 132: 1.19x the best anchor there, 0.92x at 1056x2560)
+    assert estimate.grid(FUSED_A, "jit:narrow_r2t896", 1056, 2560, 5, 132) == (528, 528)
+    assert estimate.grid(FUSED_A, "jit:narrow_r2t896", 1088, 3072, 5, 132) == (544, 396)

@@ -109,7 +109,8 @@ def grid(op: str, candidate: str, n: int, k: int, m: int, sms: int, tiles: Tiles
     dims, block, _ = cfg.geometry(n, k, sms)
     ctas = dims[0] * dims[1] * dims[2]
     threads = block[0] * block[1] * block[2]
-    regs = getattr(cfg, "regs", 0) or ASSUMED_REGS
+    registers = getattr(cfg, "registers", None)
+    regs = registers(m, (n, k)) if registers else ASSUMED_REGS
     per_sm = max(1, min(MAX_THREADS_PER_SM // threads, REGS_PER_SM // (threads * regs),
                         SMEM_PER_SM // (cfg.smem(m, (n, k)) + SMEM_RESERVED_PER_CTA), 32))
     return ctas, sms * per_sm

@@ -148,6 +148,16 @@ class Narrow:
         """Threads per CTA at the call's (N, K): the fitted block of its straight-line instance, else ``threads``."""
         return self.fitted_threads(shape[1]) if shape is not None and self.exact_for(shape) else self.threads
 
+    def registers(self, m: int, shape: tuple[int, int] | None = None) -> int:
+        """Registers per thread at M, roughly (what decides how many CTAs share an SM): 8 + 10 rows cpt + 4 cpt M
+        (each row's chunks and each token's fragments held at once), in the units of 8 that the SM allocates; never
+        under nvcc 13.0's sm_90a counts of the straight-line bodies at M 1-16 (rows 1-8, cpt 1-4), mostly within 25%
+        at M <= 8, up to 1.9x past it (tokens then load in batches of four); then the block bound (one CTA of
+        ``block`` threads per SM) and the cap."""
+        bound = min(255, 65536 // self.block(shape) // 8 * 8)
+        cap = self.regs if self.regs and (self.exact_for(shape) or not self.exactk) else bound
+        return min(-(-(8 + 10 * self.rows * self.cpt + 4 * self.cpt * m) // 8) * 8, bound, cap)
+
     def lane_fill(self, k: int) -> float:
         """The share of the rounds' thread-chunks that hold data at K (idle lanes still take their turn); 1 where K
         has a straight-line body (fitted: one full round)."""
