@@ -2,8 +2,9 @@
 // The catalogue compiles MT = M (registers and FMAs track M).
 //
 // A CTA owns ROWS (1..8) output rows over the whole K, so no CTA waits for another: no cluster,
-// no cross-CTA reduction, one short chain from launch to store (the router at M <= ~4, where
-// skinny_gemm's cluster split-K costs more than it saves).
+// no cross-CTA reduction, one short chain from launch to store (the router at M <= ~4, where skinny_gemm's
+// cluster split-K costs more than it saves; fused-A at M <= ~3 and weights too thin for stream_gemm's 16-row CTAs
+// to fill the SMs).
 //  * Thread tid owns the 16-byte chunks c = tid + j*THREADS (j < CPT) of every row: all of the
 //    CTA's weight bytes are requested at entry, before griddepcontrol.wait (PDL), one round of
 //    THREADS*CPT chunks at a time (one round covers K <= 8*CPT*THREADS).
