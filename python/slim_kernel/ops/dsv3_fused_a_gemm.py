@@ -44,8 +44,8 @@ def _shape_key(output, mat_a, mat_b):
 registry.register(
     KernelSpec(OP, KernelBackend.JIT, "slim_kernel.backends.jit:prepare_fused_a", prepare=True,
                min_sm=(9, 0), check=_jit.fused_a_check, probe=_jit.probe,
-               note="our JIT kernels: M<=64, any N, K%8 (stream: loader warps and an mbarrier ring, M<=32; skinny: "
-                    "per-thread cp.async ring, split-K over warps)"),
+               note="our JIT kernels: M<=64, any N, K%8 (narrow: a CTA per few rows over the whole K, M<=16; stream: "
+                    "loader warps and an mbarrier ring, M<=32; skinny: per-thread cp.async ring, split-K over warps)"),
     KernelSpec(OP, KernelBackend.FLASHINFER, "slim_kernel.backends.flashinfer:prepare_fused_a", prepare=True,
                min_sm=(9, 0), check=_flashinfer_check, probe=flashinfer_probe,
                note="flashinfer tinygemm_bf16(mat_a, mat_b.T), or a pinned sm_90a program (variants s8il, cn16)"),
