@@ -4,8 +4,8 @@ Torch-free. What carries over from the measured shapes to a new one is not which
 the nearest shape but how each candidate's grid lands on the device: these GEMMs stream a weight
 read once, and a configuration is fast or slow by how many CTAs it runs at a time, in how many
 waves, each streaming how many bytes (``jit/catalogue.py`` gives every JIT configuration's grid,
-block and shared memory, ``PINNED_ROWS_PER_CTA`` the tiles of flashinfer's pinned fused-A programs;
-the grids flashinfer picks itself and torch's are unknown and taken as one CTA per SM).
+block and shared memory, and a narrow kernel's registers; ``PINNED_ROWS_PER_CTA`` the tiles of flashinfer's
+pinned fused-A programs; the grids flashinfer picks itself and torch's are unknown and taken as one CTA per SM).
 
 So for the call's shape, each candidate's *regret* (its time over the fastest candidate's) at every
 measured shape of the op (same M and launch context) is averaged in log space with weights

@@ -27,13 +27,11 @@
 
 // skinny, stream: 320 threads = 10 warps, the most a skinny configuration launches (catalogue.Skinny: warps <= 10;
 // stream launches 256); one CTA per SM, so ptxas may use up to 204 registers (the limits line above caps them at
-// 168). narrow: its compile-time block (or a register cap: ptxas refuses both).
-#if SK_FAMILY != 1
-#define SK_BOUNDS __launch_bounds__(320, 1)
-#elif defined(SK_MAXNREG)
-#define SK_BOUNDS __maxnreg__(SK_MAXNREG)
+// 168). narrow: its own bound (narrow_gemm.cuh).
+#if SK_FAMILY == 1
+#define SK_BOUNDS SK_NARROW_BOUNDS
 #else
-#define SK_BOUNDS __launch_bounds__(SK_THREADS, 1)
+#define SK_BOUNDS __launch_bounds__(320, 1)
 #endif
 
 extern "C" __global__ void SK_BOUNDS

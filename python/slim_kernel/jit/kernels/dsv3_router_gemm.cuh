@@ -21,22 +21,15 @@
 #include "skinny_gemm.cuh"
 
 // The block bound: 10 warps, the most a skinny configuration launches (catalogue.Skinny: warps
-// <= 10), the narrow kernel's compile-time block size, or the ring's compute + loader warps; one
-// CTA per SM is the design point.
+// <= 10), the ring's compute + loader warps, or narrow's own (narrow_gemm.cuh); one CTA per SM is the design point.
 #if SK_FAMILY == 0
-#define SK_BLOCK_BOUND 320
+#define SK_BOUNDS __launch_bounds__(320, 1)
 #elif SK_FAMILY == 1
-#define SK_BLOCK_BOUND SK_THREADS
+#define SK_BOUNDS SK_NARROW_BOUNDS
 #elif SK_FAMILY == 4
-#define SK_BLOCK_BOUND (32 * SK_CW)
+#define SK_BOUNDS __launch_bounds__(32 * SK_CW, 1)
 #else
-#define SK_BLOCK_BOUND (32 * (SK_CW + SK_LW + 1))
-#endif
-
-#ifdef SK_MAXNREG
-#define SK_BOUNDS __maxnreg__(SK_MAXNREG)  // narrow: a register cap (ptxas refuses it with __launch_bounds__)
-#else
-#define SK_BOUNDS __launch_bounds__(SK_BLOCK_BOUND, 1)
+#define SK_BOUNDS __launch_bounds__(32 * (SK_CW + SK_LW + 1), 1)
 #endif
 
 extern "C" __global__ void SK_BOUNDS

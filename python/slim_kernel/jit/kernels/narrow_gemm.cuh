@@ -163,6 +163,12 @@ __device__ __forceinline__ void narrow_gemm(const __nv_bfloat16* __restrict__ ac
 #ifndef SK_LATE
 #define SK_LATE 0  // 1 = the PDL trigger after the FMAs instead of at entry
 #endif
+// the entry point's bound: the compile-time block, one CTA per SM, or a register cap (ptxas refuses both)
+#ifdef SK_MAXNREG
+#define SK_NARROW_BOUNDS __maxnreg__(SK_MAXNREG)
+#else
+#define SK_NARROW_BOUNDS __launch_bounds__(SK_THREADS, 1)
+#endif
 template <bool OUT_BF16>
 __device__ __forceinline__ void narrow_instance(const __nv_bfloat16* __restrict__ act, const __nv_bfloat16* __restrict__ w,
                                                 void* __restrict__ out, int M, int N, int K, int lda, int ldw, int ldo) {
