@@ -31,6 +31,7 @@ producer last: the default's choice, the best anchor and the ratio.
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import sys
 import time
@@ -217,8 +218,13 @@ def plot(report, path: str) -> None:
     fig.suptitle(f"{report.device}: decode step, cold weights; flashinfer {report.versions.get('flashinfer')}",
                  fontsize=9)
     fig.tight_layout()
-    fig.savefig(path, dpi=60)
+    png = io.BytesIO()
+    fig.savefig(png, format="png", dpi=60)
     plt.close(fig)
+    from PIL import Image  # matplotlib's own dependency
+
+    # line plots on white: 64 colours keep every curve and cut the file ~4x (40 shapes: 1.4 MB -> 0.35 MB)
+    Image.open(png).convert("RGB").quantize(64).save(path, optimize=True)
 
 
 def run_unnamed_tune(report, measured: list, unnamed: list, ms: list[int]) -> None:
