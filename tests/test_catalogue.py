@@ -142,15 +142,6 @@ def test_geometry():
     assert cat.Narrow(rows=3).geometry(384, 7168, 132) == ((128, 1, 1), (448, 1, 1), None)
     assert cat.Stream().geometry(2112, 7168, 132) == ((132, 1, 1), (256, 1, 1), None)
     assert cat.Stream(rt=2).geometry(2624, 6144, 132) == ((82, 1, 1), (256, 1, 1), None)
-    # split-K stream: as many ranks as fill the SMs (up to a portable cluster), never more than K's stages
-    assert cat.Stream(split=0).geometry(896, 4096, 132) == ((56, 2, 1), (256, 1, 1), (1, 2, 1))
-    assert cat.Stream(split=0).geometry(576, 2048, 132) == ((36, 3, 1), (256, 1, 1), (1, 3, 1))
-    assert cat.Stream(split=0).geometry(100, 7176, 132)[2] == (1, 8, 1)
-    assert cat.Stream(split=0, pieces=2).geometry(24, 1000, 132)[2] == (1, 2, 1)  # two 512-k stages
-    assert cat.Stream(split=0).geometry(2112, 7168, 132) == ((132, 1, 1), (256, 1, 1), None)
-    assert cat.Stream(split=2).geometry(2112, 7168, 132)[2] == (1, 2, 1)
-    split_defines = dict(cat.Stream(split=0).instance(FUSED_A, 8, "bfloat16").defines)
-    assert split_defines["SK_SPLITK"] == 1 and "SK_SPLITK" not in dict(cat.Stream().instance(FUSED_A, 8, "bfloat16").defines)
     assert cat.Stream(stages=16).stages_for(1) == 16 > cat.Stream(stages=16).stages_for(9) >= 2
     assert cat.Stream().max_m() == 32 and not cat.variant_serves(cat.Stream(), FUSED_A, 33)
     assert cat.Skinny(stages=16, warps=8).stages_for(9) < 16 <= cat.Skinny(stages=16, warps=8).stages_for(1) + 1

@@ -12,7 +12,7 @@ in ``kernels/`` (design notes there):
   direct  ring's split-K cluster and mma.sync, each lane loading its fragments straight into
           registers (router, M <= 16)
   stream  weight and token loader warps filling an mbarrier ring, four compute warps each owning a
-          quarter of K, a CTA per 16 rows, optionally split-K over a cluster (fused-A, M <= 32)
+          quarter of K, a CTA per 16 rows (fused-A, M <= 32)
 
 (A tensor-map/mbarrier design for fused-A lost on the H200 by 1.5-4 us at every M and was
 removed; benchmark/results/h200/NOTES_kernels.md has its numbers and profile.)
@@ -233,14 +233,10 @@ class Stream:
     stages: int = 8  # ring depth (compile-time; fewer where M's stages would not fit)
     pieces: int = 1  # contiguous 512-byte pieces of every row in a stage (compile-time)
     rt: int = 1  # 16-row weight tiles per CTA (compile-time)
-    # CTAs per cluster splitting K (launch-time; compiled in where not 1); 0 = as many as fill the SMs at one CTA
-    # per SM, up to a portable cluster
-    split: int = 1
 
     def __post_init__(self):
-        _check(2 <= self.stages <= 64 and self.pieces in (1, 2) and self.rt in (1, 2)
-               and 0 <= self.split <= MAX_SPLIT, self,
-               f"need stages 2..64, pieces 1 or 2, rt 1 or 2 and split 0..{MAX_SPLIT}")
+        _check(2 <= self.stages <= 64 and self.pieces in (1, 2) and self.rt in (1, 2), self,
+               "need stages 2..64, pieces 1 or 2 and rt 1 or 2")
 
     def max_m(self, shape: tuple[int, int] | None = None) -> int:
         return 32  # 4 token tiles (stream_gemm.cuh: NT <= 4)
@@ -255,17 +251,12 @@ class Stream:
         return _stages_that_fit(self.stages, self._fixed(m), self._stage(m))
 
     def instance(self, op: str, m: int, out_dtype: str, shape: tuple[int, int] | None = None) -> KernelInstance:
-        # only when set: the others keep their keys (and cubins)
-        options = {k: v for k, v in (("SK_RT", self.rt if self.rt != 1 else 0), ("SK_SPLITK", int(self.split != 1)))
-                   if v}
+        rt = {"SK_RT": self.rt} if self.rt != 1 else {}  # only when set: the others keep their keys
         return _make(op, out_dtype, SK_FAMILY=3, SK_NT=token_tiles(m), SK_STAGES=self.stages_for(m),
-                     SK_PIECES=self.pieces, **options)
+                     SK_PIECES=self.pieces, **rt)
 
     def geometry(self, n: int, k: int, sm_count: int) -> tuple[tuple, tuple, tuple | None]:
-        groups = _cdiv(n, 16 * self.rt)
-        split = self.split or min(MAX_CLUSTER, max(1, sm_count // groups))
-        split = max(1, min(split, _cdiv(k, 256 * self.pieces)))  # every rank at least one stage of K
-        return (groups, split, 1), (256, 1, 1), ((1, split, 1) if split > 1 else None)
+        return (_cdiv(n, 16 * self.rt), 1, 1), (256, 1, 1), None
 
     def smem(self, m: int, shape: tuple[int, int] | None = None) -> int:  # stream_smem_bytes in kernels/stream_gemm.cuh
         return self._fixed(m) + self.stages_for(m) * self._stage(m)
@@ -449,12 +440,6 @@ VARIANTS: dict[str, dict[str, GemmConfig]] = {
         # 32 rows per CTA: one wave where 16-row CTAs take two (GLM-5's 2624 rows: 82 CTAs, not 164)
         "stream_r2": Stream(stages=4, pieces=2, rt=2),
         "stream_r2c": Stream(stages=8, pieces=1, rt=2),
-        # K split over a cluster: where N has fewer 16-row tiles than SMs (896 rows: 56 CTAs, 1.2x flashinfer's
-        # tinygemm at M 5-16, run 133) as many ranks as fill the SMs (s), or two ranks at two CTAs per SM (s2:
-        # 96 KB at M <= 16) where N has more tiles than half the SMs
-        "stream_w4s": Stream(stages=4, pieces=2, split=0),
-        "stream_cs": Stream(stages=8, pieces=1, split=0),
-        "stream_w3s2": Stream(stages=3, pieces=2, split=2),
         # the router's one-chunk narrow bodies (K <= 7168 fitted: K / 8 threads): a CTA per 1-8 rows over the
         # whole K, every weight byte of the CTA requested before the PDL wait. Where stream's 16-row CTAs leave SMs
         # idle (576x2048: 36 CTAs) they spread the weight over every SM, as sglang's tiny_gemm does. Registers at

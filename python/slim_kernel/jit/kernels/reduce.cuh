@@ -104,22 +104,20 @@ __device__ __forceinline__ void cluster_pull_reduce(const float* csum, unsigned 
     cluster_sync_relaxed();  // keep this CTA's shared memory alive until every rank has read it
 }
 
-// The end of a split-K tile of 16*RT rows (ring_gemm.cuh, direct_gemm.cuh, stream_gemm.cuh): after __syncthreads,
-// the CTA sums of the nwarps warps' partials (fixed warp order) in (token, row) order, stored directly without a
+// The end of a split-K 16-row tile (ring_gemm.cuh, direct_gemm.cuh): after __syncthreads, the CTA sums of
+// the nwarps warps' partials (fixed warp order) in (token, row) order, stored directly without a
 // cluster, else summed over the cluster's ranks (each rank finalises a 1/csize share).
-template <int NT, bool OUT_BF16, int RT = 1>
+template <int NT, bool OUT_BF16>
 __device__ __forceinline__ void store_split_tile(float* red, int nwarps, int M, void* __restrict__ out, int ldo, int row0,
                                                  int N) {
-    static_assert(RT == 1 || RT == 2, "16 or 32 rows");
-    constexpr int ROWS = 16 * RT, LOG_ROWS = 3 + RT;
     const unsigned crank = cluster_rank();
     const unsigned csize = cluster_size();
     const int m_used = M < NT * 8 ? M : NT * 8;
-    const int outs = m_used * ROWS;
-    float* csum = red + nwarps * RT * NT * 4 * 32;
+    const int outs = m_used * 16;
+    float* csum = red + nwarps * NT * 4 * 32;
     for (int o = threadIdx.x; o < outs; o += blockDim.x) {
-        const float v = sum_partials<RT, NT>(red, nwarps, o);
-        const int tok = o >> LOG_ROWS, rl = o & (ROWS - 1);
+        const float v = sum_partials<1, NT>(red, nwarps, o);
+        const int tok = o >> 4, rl = o & 15;
         if (csize == 1) {
             if (row0 + rl < N) store_out<OUT_BF16>(out, (long long)tok * ldo + row0 + rl, v);
         } else {
@@ -130,7 +128,7 @@ __device__ __forceinline__ void store_split_tile(float* red, int nwarps, int M, 
     const int per = (outs + (int)csize - 1) / (int)csize;
     const int mine_lo = (int)crank * per;
     const int mine = outs - mine_lo < per ? (outs - mine_lo > 0 ? outs - mine_lo : 0) : per;
-    cluster_pull_reduce<ROWS, OUT_BF16>(csum, csize, mine_lo, mine, out, ldo, row0, N);
+    cluster_pull_reduce<16, OUT_BF16>(csum, csize, mine_lo, mine, out, ldo, row0, N);
 }
 
 }  // namespace slim

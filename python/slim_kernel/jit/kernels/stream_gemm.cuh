@@ -1,9 +1,7 @@
 // stream_gemm: out(M, N) = act(M, K) @ W(N, K)^T, bf16 in, fp32 accumulation, M <= 8*NT (NT <= 4), any N, K % 8.
 //
 // Design (fused-A: 7168 -> 2112 is 132 CTAs of 16 weight rows, one per H200 SM, no split-K; RT = 2: 32
-// rows per CTA, so N past one wave of 16-row CTAs (GLM-5's 6144 -> 2624: 164) is one wave again (82);
-// SPLIT: the CTAs of a cluster (1, S, 1) take S consecutive shares of K's stages, so a thin weight whose 16-row
-// tiles would leave SMs idle (896 rows: 56 CTAs) spreads over S times as many):
+// rows per CTA, so N past one wave of 16-row CTAs (GLM-5's 6144 -> 2624: 164) is one wave again (82)):
 //  * 256 threads in three roles: warps 0-1 copy the CTA's 16*RT weight rows, warps 2-3 the tokens,
 //    warps 4-7 compute (swap-AB mma.sync.m16n8k16, fragments read with ldmatrix).
 //  * Ring stage s holds k [KS*s, KS*(s + 1)) of every row, KS = 256P: P contiguous 512-byte pieces
@@ -22,11 +20,10 @@
 //    accumulator rows and columns that are never stored. k >= K reads zeros on both sides.
 //  * PDL: the weight loaders start at entry, the token loaders after griddepcontrol.wait (the
 //    compute warps and the stores follow the token copies, so they also follow the wait).
-//  * The four compute warps' partials are summed in a fixed order (reduce.cuh), then (SPLIT) the cluster ranks'.
+//  * The four compute warps' partials are summed in a fixed order (reduce.cuh).
 //
 // Launch contract (slim_kernel/jit/catalogue.py, family "stream"):
-//   grid (ceil(N / (16 * RT)), S, 1), cluster (1, S, 1) when S > 1 (SPLIT only, else S = 1), block 256 threads,
-//   dynamic smem = stream_smem_bytes(NT, STAGES, P, RT).
+//   grid (ceil(N / (16 * RT)), 1, 1), block 256 threads, dynamic smem = stream_smem_bytes(NT, STAGES, P, RT).
 //   Requirements: K % 8 == 0, lda % 8 == 0, ldw % 8 == 0, act/w 16-byte aligned, M <= 8*NT.
 #pragma once
 #include "reduce.cuh"
@@ -45,12 +42,12 @@ template <int ROW>
 __device__ __forceinline__ unsigned stream_slot(int r, int c) { return (unsigned)(r * ROW + ((c ^ (r & 7)) << 4)); }
 
 // One loader warp's side of the ring: rows wr + 2j (j < J, only those < valid) of src, the
-// lane's chunk of each of the stage's P pieces from k0 on, into the tile at `tile` of every stage.
+// lane's chunk of each of the stage's P pieces, into the tile at `tile` of every stage.
 template <int J, int STAGES, int STAGE, int P>
 __device__ __forceinline__ void stream_load(const __nv_bfloat16* __restrict__ src, int ld, int wr, int valid, int lane,
-                                            int k0, int K, int nst, unsigned full, unsigned empty, unsigned tile) {
+                                            int K, int nst, unsigned full, unsigned empty, unsigned tile) {
     constexpr int KS = 256 * P;  // k per stage
-    int k = k0 + lane * 8;       // this lane's k of the stage's first piece
+    int k = lane * 8;            // this lane's k of the stage's first piece
     // Fixed before the loop, which only advances one pointer: rows are rstep bytes apart, and to[j]
     // is where row j's chunk goes in stage 0 (piece i sits 512i bytes further, the swizzle keeps it).
     const char* row = reinterpret_cast<const char*>(src + (long long)wr * ld);
@@ -76,7 +73,7 @@ __device__ __forceinline__ void stream_load(const __nv_bfloat16* __restrict__ sr
     }
 }
 
-template <int NT, int STAGES, bool OUT_BF16, int P, int RT = 1, bool SPLIT = false>
+template <int NT, int STAGES, bool OUT_BF16, int P, int RT = 1>
 __device__ __forceinline__ void stream_gemm(const __nv_bfloat16* __restrict__ act, const __nv_bfloat16* __restrict__ w,
                                             void* __restrict__ out, int M, int N, int K, int lda, int ldw, int ldo) {
     static_assert(NT >= 1 && NT <= 4 && STAGES >= 2 && 16 * STAGES <= kStreamBarrierBytes && (P == 1 || P == 2)
@@ -95,12 +92,7 @@ __device__ __forceinline__ void stream_gemm(const __nv_bfloat16* __restrict__ ac
     const unsigned ring = full + kStreamBarrierBytes;
     float* red = reinterpret_cast<float*>(smem + kStreamBarrierBytes + STAGES * STAGE);
     const int row0 = blockIdx.x * 16 * RT;
-    int s0 = 0, nst = (K + 256 * P - 1) / (256 * P);  // this CTA's stages of K: [s0, s0 + nst)
-    if constexpr (SPLIT) {
-        const int rank = (int)cluster_rank(), size = (int)cluster_size(), all = nst;
-        s0 = rank * all / size;
-        nst = (rank + 1) * all / size - s0;
-    }
+    const int nst = (K + 256 * P - 1) / (256 * P);
     const int m_used = M < 8 * NT ? M : 8 * NT;
 
     if (threadIdx.x == 0) {
@@ -112,12 +104,11 @@ __device__ __forceinline__ void stream_gemm(const __nv_bfloat16* __restrict__ ac
     __syncthreads();
 
     if (warp < 2) {
-        stream_load<8 * RT, STAGES, STAGE, P>(w + (long long)row0 * ldw, ldw, warp, N - row0, lane, 256 * P * s0, K, nst, full,
-                                              empty, ring);
+        stream_load<8 * RT, STAGES, STAGE, P>(w + (long long)row0 * ldw, ldw, warp, N - row0, lane, K, nst, full, empty,
+                                              ring);
     } else if (warp < 4) {
         pdl_wait();
-        stream_load<4 * NT, STAGES, STAGE, P>(act, lda, warp - 2, m_used, lane, 256 * P * s0, K, nst, full, empty,
-                                              ring + WTILE);
+        stream_load<4 * NT, STAGES, STAGE, P>(act, lda, warp - 2, m_used, lane, K, nst, full, empty, ring + WTILE);
     } else {
         const int cw = warp - 4;  // k [64P*cw, +64P) of every stage
         float acc[RT][NT][4];
@@ -155,10 +146,7 @@ __device__ __forceinline__ void stream_gemm(const __nv_bfloat16* __restrict__ ac
         store_partials<RT, NT>(red, cw, lane, acc);
     }
     __syncthreads();
-    if constexpr (SPLIT)
-        store_split_tile<NT, OUT_BF16, RT>(red, 4, M, out, ldo, row0, N);
-    else
-        store_tile_sums<NT, OUT_BF16, RT>(red, 4, m_used, out, ldo, row0, N);
+    store_tile_sums<NT, OUT_BF16, RT>(red, 4, m_used, out, ldo, row0, N);
 }
 
 }  // namespace slim
