@@ -440,9 +440,6 @@ VARIANTS: dict[str, dict[str, GemmConfig]] = {
         # 32 rows per CTA: one wave where 16-row CTAs take two (GLM-5's 2624 rows: 82 CTAs, not 164)
         "stream_r2": Stream(stages=4, pieces=2, rt=2),
         "stream_r2c": Stream(stages=8, pieces=1, rt=2),
-        # deeper rings for thin weights (a CTA streaming 128 KB+ of a 56-CTA grid): twice the bytes in flight
-        "stream_w8": Stream(stages=8, pieces=2),
-        "stream_c16": Stream(stages=16, pieces=1),
         # the router's one-chunk narrow bodies (K <= 7168 fitted: K / 8 threads): a CTA per 1-8 rows over the
         # whole K, every weight byte of the CTA requested before the PDL wait. Where stream's 16-row CTAs leave SMs
         # idle (576x2048: 36 CTAs) they spread the weight over every SM, as sglang's tiny_gemm does. Registers at
