@@ -11,13 +11,18 @@ So for the call's shape, each candidate's *regret* (its time over the fastest ca
 measured shape of the op (same M and launch context) is averaged in log space with weights
 ``exp(-d / TAU)``, where ``d`` compares the candidate's grid at the two shapes on this device's SMs:
 
-    d = |log(bytes per CTA ratio)| + |waves difference| / 2 + |log(CTAs at a time ratio)|
+    d = |log(bytes per CTA ratio)| + 2 |waves difference| + |log(CTAs at a time ratio)|
         + 2 |log(lane fill ratio)| (+ 0.1 for another output dtype)
 
 (lane fill: the share of a narrow kernel's thread-chunks that hold data in its rounds over K; two
 448-thread rounds fill 7168 exactly and 4096 to 57%; a fitted straight-line body fills every K it serves)
 
-and the candidate with the smallest weighted regret serves. Evidence from grids unlike the call's is weak, so
+and the candidate with the smallest weighted regret serves. A grid that runs in another number of waves is another
+regime (flashinfer's ``PACKED_U4_IL`` at M 9-16: 1.00x the best anchor at 896 x 4096 in one wave, 1.2-1.4x at every
+N=2112 shape in two), so it barely counts (the waves term's weight was 1/2 up to run 135; with it and flashinfer's
+programs pooled, below, each shape left out in turn: fused-A points over 1.10x after the plain producer 14 -> 4 of
+385, routers 2 -> 1 of 510).
+Evidence from grids unlike the call's is weak, so
 every candidate's average also holds a prior regret ``PRIOR_REGRET`` with a weight of ``PRIOR_WEIGHT`` of the
 best-supported candidate's: a candidate known only from far-off grids ranks near that prior, not at the regret
 it had there (run 128: narrow configurations that win GLM-5's router in one wave, picked at 768x6144 where they
@@ -32,9 +37,10 @@ flashinfer's ``tinygemm_bf16`` picks its own program per shape from a window tab
 best anchor at one M, 1.2-1.5x at the next where it switches to a program that runs in two or three waves).
 Where the table's points were measured on the installed flashinfer, ``tiles`` (the flashinfer backend's
 ``fused_a_tile``, which asks that table) gives the program and tile of its call at each shape and M: its grid
-is placed like a JIT configuration's, and only points where it ran the same program stand in (as for narrow's
-bodies). Otherwise its program is unknown: one CTA per SM is assumed and its regret carries ``OPAQUE_MARGIN``
-more.
+is placed like a JIT configuration's, and points where it ran another program stand in as well (at alike grids
+its programs read alike; keeping only the same program's points left the call unestimated where that program was
+measured only at other waves: 896 x 4096 at M 9-16, run 133). Otherwise its program is unknown: one CTA per SM is
+assumed and its regret carries ``OPAQUE_MARGIN`` more.
 
 Scored on the H200 runs (shapes the table lacks, and each shape left out of the table in turn; the
 pick's measured time) by ``benchmark/score_estimate.py``; numbers in
@@ -57,6 +63,7 @@ MIN_WEIGHT = 1e-3
 PRIOR_WEIGHT = 0.01  # of the best-supported candidate's weight: 0.003-0.02 score alike (NOTES_kernels.md)
 PRIOR_REGRET = math.log(1.2)  # 1.15-1.3 score alike
 OUT_DTYPE_DISTANCE = 0.1
+WAVES_WEIGHT = 2.0  # per wave of difference: 2-4 score alike, 1/2 and 1 worse (NOTES_kernels.md, runs 134-135)
 # flashinfer's fused-A call chooses its own program per shape: unpredictable where it was not measured
 OPAQUE_MARGIN = {(FUSED_A, "flashinfer"): 0.2}
 # rows of N per CTA of each of flashinfer's pinned fused-A programs (names.FLASHINFER_FUSED_A_PROGRAMS) where
@@ -116,13 +123,9 @@ def grid(op: str, candidate: str, n: int, k: int, m: int, sms: int, tiles: Tiles
     return ctas, sms * per_sm
 
 
-def body(op: str, candidate: str, n: int, k: int, m: int, tiles: Tiles | None = None) -> str:
+def body(op: str, candidate: str, n: int, k: int, m: int) -> str:
     """Which compiled body ``candidate`` runs at (N, K, M): narrow configurations have a straight-line
-    one for the K they are fitted to (catalogue ``Narrow.exact_for``) and a generic one; flashinfer's
-    fused-A call runs the program its window table picks (where ``tiles`` can say)."""
-    tile = _flashinfer_tile(op, candidate, n, k, m, tiles)
-    if tile is not None:
-        return tile.name
+    one for the K they are fitted to (catalogue ``Narrow.exact_for``) and a generic one."""
     exact_for = getattr(_config(op, candidate), "exact_for", None)
     return "exact" if exact_for is not None and exact_for((n, k)) else ""
 
@@ -133,7 +136,7 @@ def geometry_distance(op: str, candidate: str, a: tuple[int, int, int], b: tuple
     (ga, sa), (gb, sb) = grid(op, candidate, *a, sms, tiles), grid(op, candidate, *b, sms, tiles)
     bytes_a, bytes_b = a[0] * a[1] / ga, b[0] * b[1] / gb
     waves_a, waves_b = -(-ga // sa), -(-gb // sb)
-    return (abs(math.log(bytes_a / bytes_b)) + abs(waves_a - waves_b) / 2
+    return (abs(math.log(bytes_a / bytes_b)) + WAVES_WEIGHT * abs(waves_a - waves_b)
             + ACTIVE_WEIGHT * abs(math.log(min(ga, sa) / min(gb, sb)))
             + FILL_WEIGHT * abs(math.log(_lane_fill(op, candidate, a[1]) / _lane_fill(op, candidate, b[1]))))
 
@@ -184,7 +187,7 @@ def estimate(op: str, shape: dict, m: int, pdl: bool, device: Device, tables: li
         w_shape = math.exp(-(abs(math.log(nk[0] / pnk[0])) + abs(math.log(nk[1] / pnk[1])) + extra) / TAU)
         best_log, best_w = best_log + w_shape * math.log(best * nk[0] * nk[1] / (pnk[0] * pnk[1])), best_w + w_shape
         for cand, us in p.us:
-            if body(op, cand, *there, tiles) != body(op, cand, *here, tiles):
+            if body(op, cand, *there) != body(op, cand, *here):
                 continue
             w = math.exp(-(geometry_distance(op, cand, here, there, device.sms, tiles) + extra) / TAU)
             log_regret[cand] = log_regret.get(cand, 0.0) + w * math.log(us / best)
