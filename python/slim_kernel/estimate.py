@@ -19,9 +19,9 @@ measured shape of the op (same M and launch context) is averaged in log space wi
 
 and the candidate with the smallest weighted regret serves. A grid that runs in another number of waves is another
 regime (flashinfer's ``PACKED_U4_IL`` at M 9-16: 1.00x the best anchor at 896 x 4096 in one wave, 1.2-1.4x at every
-N=2112 shape in two), so it barely counts (the waves term's weight was 1/2 up to run 135; with it and flashinfer's
-programs pooled, below, each shape left out in turn: fused-A points over 1.10x after the plain producer 14 -> 4 of
-385, routers 2 -> 1 of 510).
+N=2112 shape in two), so it barely counts (the waves term's weight was 1/2 up to run 135; with 2, each shape left out
+in turn, 0.7.4: fused-A points over 1.10x after the plain producer 11 -> 5 of 445, after the PDL-aware one 27 -> 24,
+routers 2 -> 1 and 5 -> 4 of 530).
 Evidence from grids unlike the call's is weak, so
 every candidate's average also holds a prior regret ``PRIOR_REGRET`` with a weight of ``PRIOR_WEIGHT`` of the
 best-supported candidate's: a candidate known only from far-off grids ranks near that prior, not at the regret
@@ -37,10 +37,9 @@ flashinfer's ``tinygemm_bf16`` picks its own program per shape from a window tab
 best anchor at one M, 1.2-1.5x at the next where it switches to a program that runs in two or three waves).
 Where the table's points were measured on the installed flashinfer, ``tiles`` (the flashinfer backend's
 ``fused_a_tile``, which asks that table) gives the program and tile of its call at each shape and M: its grid
-is placed like a JIT configuration's, and points where it ran another program stand in as well (at alike grids
-its programs read alike; keeping only the same program's points left the call unestimated where that program was
-measured only at other waves: 896 x 4096 at M 9-16, run 133). Otherwise its program is unknown: one CTA per SM is
-assumed and its regret carries ``OPAQUE_MARGIN`` more.
+is placed like a JIT configuration's, and only points where it ran the same program stand in (as for narrow's
+bodies; letting its other programs stand in at alike grids scored worse after the PDL-aware producer, 24 -> 33 of
+445). Otherwise its program is unknown: one CTA per SM is assumed and its regret carries ``OPAQUE_MARGIN`` more.
 
 Scored on the H200 runs (shapes the table lacks, and each shape left out of the table in turn; the
 pick's measured time) by ``benchmark/score_estimate.py``; numbers in
@@ -63,7 +62,7 @@ MIN_WEIGHT = 1e-3
 PRIOR_WEIGHT = 0.01  # of the best-supported candidate's weight: 0.003-0.02 score alike (NOTES_kernels.md)
 PRIOR_REGRET = math.log(1.2)  # 1.15-1.3 score alike
 OUT_DTYPE_DISTANCE = 0.1
-WAVES_WEIGHT = 2.0  # per wave of difference: 2-4 score alike, 1/2 and 1 worse (NOTES_kernels.md, runs 134-135)
+WAVES_WEIGHT = 2.0  # per wave of difference: 1.5-4 score alike, 1/2 and 1 worse (NOTES_kernels.md, runs 134-137)
 # flashinfer's fused-A call chooses its own program per shape: unpredictable where it was not measured
 OPAQUE_MARGIN = {(FUSED_A, "flashinfer"): 0.2}
 # rows of N per CTA of each of flashinfer's pinned fused-A programs (names.FLASHINFER_FUSED_A_PROGRAMS) where
@@ -123,9 +122,13 @@ def grid(op: str, candidate: str, n: int, k: int, m: int, sms: int, tiles: Tiles
     return ctas, sms * per_sm
 
 
-def body(op: str, candidate: str, n: int, k: int, m: int) -> str:
+def body(op: str, candidate: str, n: int, k: int, m: int, tiles: Tiles | None = None) -> str:
     """Which compiled body ``candidate`` runs at (N, K, M): narrow configurations have a straight-line
-    one for the K they are fitted to (catalogue ``Narrow.exact_for``) and a generic one."""
+    one for the K they are fitted to (catalogue ``Narrow.exact_for``) and a generic one; flashinfer's
+    fused-A call runs the program its window table picks (where ``tiles`` can say)."""
+    tile = _flashinfer_tile(op, candidate, n, k, m, tiles)
+    if tile is not None:
+        return tile.name
     exact_for = getattr(_config(op, candidate), "exact_for", None)
     return "exact" if exact_for is not None and exact_for((n, k)) else ""
 
@@ -187,7 +190,7 @@ def estimate(op: str, shape: dict, m: int, pdl: bool, device: Device, tables: li
         w_shape = math.exp(-(abs(math.log(nk[0] / pnk[0])) + abs(math.log(nk[1] / pnk[1])) + extra) / TAU)
         best_log, best_w = best_log + w_shape * math.log(best * nk[0] * nk[1] / (pnk[0] * pnk[1])), best_w + w_shape
         for cand, us in p.us:
-            if body(op, cand, *there) != body(op, cand, *here):
+            if body(op, cand, *there, tiles) != body(op, cand, *here, tiles):
                 continue
             w = math.exp(-(geometry_distance(op, cand, here, there, device.sms, tiles) + extra) / TAU)
             log_regret[cand] = log_regret.get(cand, 0.0) + w * math.log(us / best)
