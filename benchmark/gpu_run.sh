@@ -2,7 +2,8 @@
 # One command on a GPU machine: install the project (and a folder of wheels, if given), run the GPU
 # tests and the benchmarks, leave logs + JSON + PNG in $OUT (default /tmp/slim_out), print a summary last.
 #
-#   bash benchmark/gpu_run.sh WHEELS [STAGE ...]      stages: tests bench eager tune cold ncu aot (default: tests bench)
+#   bash benchmark/gpu_run.sh WHEELS [STAGE ...]      stages: tests bench eager tune cold ncu timeline aot
+#                                                     (default: tests bench)
 #
 # WHEELS: a folder of wheels to install first into a private site dir (for a machine without a
 # package index: flashinfer-python, apache-tvm-ffi, ... fetched elsewhere with `pip download`), or
@@ -14,6 +15,7 @@
 #   TEST_K="stream"               narrows the tests stage (pytest -k)
 #   COLD_ARGS="--procs 8"         cold_start.py options of the cold stage (N ranks on one JIT cache; default one per GPU)
 #   PROFILE_ARGS / PM_ARGS        profile_gemm.py options of the ncu stage (PM_ARGS adds a PM-sampling pass)
+#   TIMELINE_ARGS="--case fused_a:2624,6144@1,8 --impls default,anchor:sglang:fused_a"   timeline.py options
 set -uo pipefail
 cd "$(dirname "$0")/.."
 WHEELS=${1:?usage: bash benchmark/gpu_run.sh WHEELS|none [STAGE ...]}
@@ -103,6 +105,11 @@ if [[ " $STAGES " == *" ncu "* ]]; then
     ncu -i /tmp/pm.ncu-rep --page raw --csv --print-metric-instances values >/tmp/pm.csv 2>>"$LOG" \
         && python3 benchmark/pm_series.py /tmp/pm.csv 2>&1 >"$OUT/pm_series.json" | tee -a "$LOG" | tail -20
   fi
+fi
+if [[ " $STAGES " == *" timeline "* ]]; then
+  stamp "kernel timeline of the decode step (timeline.py ${TIMELINE_ARGS:-})"
+  python3 benchmark/timeline.py --json "$OUT/timeline.json" ${SGL:+--sglang "$SGL"} ${TIMELINE_ARGS:---case fused_a@1} \
+      2>>"$LOG" | tee -a "$LOG" | tail -80
 fi
 if [[ " $STAGES " == *" aot "* && -d csrc/aot_baseline ]]; then
   # Last: installing the AOT baseline replaces the shipped build in this environment.

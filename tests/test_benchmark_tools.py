@@ -121,3 +121,16 @@ def test_sglang_anchors_only_where_sglang_builds(op, n, k, expected):
     tiny.can_use_tiny_gemm = lambda *a: False  # the warm-up builds the router or fused-A module only where it serves
     anc.warm_sglang([shape])
     assert len(built) == (expected != {"sglang:tiny_gemm"}) and not anc.notes
+
+
+def test_timeline_pairs_each_gemm_with_its_producer():
+    import timeline
+
+    # P0 opens the graph (no pair); P1-G1 (launched 0.5 early, next producer resident 0.2 before its end),
+    # P2-G2 as two kernels (a GEMM may launch more than one), then P3
+    trace = [("P", 0.0, 1.0), ("P", 2.0, 3.0), ("G", 2.5, 5.0), ("P", 4.8, 6.0), ("Ga", 5.5, 7.0), ("Gb", 7.0, 8.0),
+             ("P", 8.1, 9.0)]
+    stats = timeline.pair_stats(trace, lambda name: name == "P")
+    assert stats == {"early": 0.5, "tail": 2.0, "next_early": 0.05, "next_past": 1.0, "step": 3.0}
+    alone = timeline.pair_stats([("P", 0.0, 1.0), ("P", 1.5, 2.5), ("P", 3.5, 4.0)], lambda name: True)
+    assert alone == {"step": 1.5}

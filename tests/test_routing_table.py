@@ -40,7 +40,7 @@ def test_every_model_shape_is_measured_at_every_m_both_contexts_and_versions(tab
         for version in MEASURED_VERSIONS:
             for pdl in (True, False):
                 ms = points.get((shape.op, tuple(sorted(shape.key().items())), version, pdl), set())
-                assert ms == MEASURED_MS, f"{shape.label()} flashinfer {version} pdl={pdl}: missing M {sorted(MEASURED_MS - ms)}"
+                assert ms >= MEASURED_MS, f"{shape.label()} flashinfer {version} pdl={pdl}: missing M {sorted(MEASURED_MS - ms)}"
     # past the models' shapes, those the checks of the estimate measured (bench_gemm.py --unnamed-*), each in both
     # contexts at the same M
     named = {(s.op, tuple(sorted(s.key().items()))) for s in models.all_shapes()}

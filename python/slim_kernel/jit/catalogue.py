@@ -429,9 +429,8 @@ VARIANTS: dict[str, dict[str, GemmConfig]] = {
     FUSED_A: {
         "skinny": Skinny(rt=1, stages=8, warps=8, split=1),
         "skinny_w10": Skinny(rt=1, stages=6, warps=10, split=1),
-        # 4-region copies (sglang's order), rings of 2-3 or 6-16 stages, 2 KB pieces and a late trigger
-        # lost (runs 32-35, 58, 62-65); the late trigger and the 4-region order on stream_r2 lost again at
-        # 2624x6144 after the PDL-aware producer (run 110: +0.1-0.3 us and +4.3 us at M <= 8)
+        # 4-region copies (sglang's order), rings of 2-3 or 6-16 stages, 2 KB pieces and the PDL trigger after
+        # the stores lost (runs 32-35, 58, 62-65, 110); the trigger at the ring's last fill won (runs 139-140)
         "stream_c": Stream(stages=8, pieces=1),  # M 17-32
         "stream_c6": Stream(stages=6, pieces=1),  # M 24-32 on 0.7.4 (run 64), within 0.05 us of stream_c
         "stream_w4": Stream(stages=4, pieces=2),  # M 1-16: 1 KB pieces
