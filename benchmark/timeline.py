@@ -37,6 +37,8 @@ from profile_gemm import parse_case  # noqa: E402
 
 from slim_kernel import timing, tune  # noqa: E402
 
+from harness import command_line  # noqa: E402
+
 REPLAYS = 5
 FIELDS = ("early", "tail", "next_early", "next_past", "step")
 
@@ -133,7 +135,9 @@ def main() -> int:
                     rows.append(row)
                     print(json.dumps(row), file=sys.stderr, flush=True)
     if args.json:
-        Path(args.json).write_text(json.dumps({"rows": rows, "notes": notes}, indent=1) + "\n")
+        head = {"command": command_line(), "device": torch.cuda.get_device_name(), "torch": torch.__version__,
+                "versions": anchors.versions()}
+        Path(args.json).write_text(json.dumps({**head, "rows": rows, "notes": notes}, indent=1) + "\n")
     head = ("shape", "m", "after", "impl", *FIELDS, "net", "decode_us")
     print(" | ".join(head))
     for r in rows:
