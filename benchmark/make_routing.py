@@ -43,6 +43,7 @@ RESULTS = ["bench_gemm_fi074.json", "bench_gemm_fi074_routers_large.json", "benc
            "bench_gemm_fi074_narrow_fused_a.json", "bench_gemm_fi074_heldout2.json",
            "bench_gemm_fi074_heldout3.json", "bench_gemm_fi074_heldout4.json",
            "bench_gemm_fi074_heldout5.json", "bench_gemm_fi074_stream_trigger.json",
+           "bench_gemm_fi074_heldout6.json",
            "bench_gemm_fi072.json", "bench_gemm_fi072_routers_large.json", "bench_gemm_fi072_m1_16.json",
            "bench_gemm_fi072_narrow_fused_a.json", "bench_gemm_fi072_heldout4.json",
            "bench_gemm_fi072_stream_trigger.json"]
