@@ -28,6 +28,11 @@ import torch.nn.functional as F
 ROUTER = "dsv3_router_gemm"
 
 
+def columns(impls: dict) -> dict:
+    """``{name: fn}`` of :meth:`Anchors.for_shape` as the benchmarks' columns, ``anchor:<name>``."""
+    return {f"anchor:{name}": fn for name, fn in impls.items()}
+
+
 def _sglang_router_serves(e: int, k: int) -> bool:
     """sglang's ``dsv3_router_gemm`` builds only for 256 or 384 experts and K a multiple of 1024 (its docstring and
     static_assert): elsewhere its module fails to compile, so it is no anchor there."""

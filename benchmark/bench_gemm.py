@@ -40,7 +40,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import make_routing  # noqa: E402
-from anchors import Anchors  # noqa: E402
+from anchors import Anchors, columns  # noqa: E402
 
 import harness as H  # noqa: E402
 
@@ -78,8 +78,7 @@ def measure_point(report, anchors: Anchors, shape, m: int, gen, unnamed: bool):
                                pattern="decode", producer=producer, unnamed=unnamed))
         step = DecodeStep(tp.producers[producer], len(tp.weights))
         row.us.update(tune.measure(tp, producer == "pdl", report.notes, step))
-        anchor_fns = {f"anchor:{name}": fn for name, fn in anchor_impls.items()}
-        row.us.update(tune.read_confirmed(tp, step, producer == "pdl", anchor_fns, report.notes))
+        row.us.update(tune.read_confirmed(tp, step, producer == "pdl", columns(anchor_impls), report.notes))
         rows.append(row)
     return tp, rows
 

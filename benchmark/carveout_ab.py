@@ -83,7 +83,7 @@ def set_room(room: int) -> None:
 
 def measure(todo: dict, room: int, sglang: str | None) -> list[dict]:
     import torch
-    from anchors import Anchors
+    from anchors import Anchors, columns
 
     from slim_kernel import timing, tune
 
@@ -95,7 +95,7 @@ def measure(todo: dict, room: int, sglang: str | None) -> list[dict]:
         op, (n, k, out), m = key
         shape = models.router(n, k, out) if op == models.ROUTER else models.fused_a(n, k)
         tp = tune.Point(shape, m, dev, gen)
-        extra = {f"anchor:{a}": f for a, f in anchors.for_shape(shape, tp).items()} if key in GLM5 else {}
+        extra = columns(anchors.for_shape(shape, tp)) if key in GLM5 else {}
         for producer, fn in (("plain", tp.producers["plain"]), ("pdl", tp.producers["pdl"]),
                              ("fadd", fadd_producer(tp, gen))):
             step = timing.DecodeStep(fn, len(tp.weights))

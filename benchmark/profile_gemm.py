@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from anchors import Anchors  # noqa: E402
+from anchors import Anchors, columns  # noqa: E402
 
 from slim_kernel import models, timing, tune  # noqa: E402
 
@@ -64,6 +64,11 @@ def parse_case(text: str) -> tuple[models.Shape, list[int]]:
     raise ValueError(f"--case {text!r}: expected fused_a[:N,K]@MS or router:E[,K[,out]]@MS")
 
 
+def implementations(tp, anchors: Anchors, pdl: bool) -> dict:
+    """Every candidate selection can run at point ``tp`` in that launch context, and every anchor column."""
+    return {**tune.candidates(tp, pdl), **columns(anchors.for_shape(tp.shape, tp))}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sglang")
@@ -87,8 +92,7 @@ def main() -> int:
     for shape, ms in cases:
         for m in ms:
             tp = tune.Point(shape, m, gen.device, gen)
-            impls = {**tune.candidates(tp, args.after != "plain"),
-                     **{f"anchor:{k}": v for k, v in anchors.for_shape(shape, tp).items()}}
+            impls = implementations(tp, anchors, args.after != "plain")
             # The producers too (`producer:pdl` = the RMSNorm the decode step runs before the GEMM):
             # their launch resources decide what of ours fits beside them on an SM.
             for k, produce in tp.producers.items():

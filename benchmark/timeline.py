@@ -33,7 +33,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from anchors import Anchors  # noqa: E402
 from bench_gemm import default_call  # noqa: E402
-from profile_gemm import parse_case  # noqa: E402
+from profile_gemm import implementations, parse_case  # noqa: E402
 
 from slim_kernel import timing, tune  # noqa: E402
 
@@ -54,7 +54,7 @@ def kernels(graph: torch.cuda.CUDAGraph, replays: int) -> list[tuple[str, float,
         torch.cuda.synchronize()
     with tempfile.NamedTemporaryFile(suffix=".json") as f:
         prof.export_chrome_trace(f.name)
-        events = json.load(open(f.name))["traceEvents"]
+        events = json.loads(Path(f.name).read_text())["traceEvents"]
     out = [(e["name"], float(e["ts"]), float(e["ts"]) + float(e["dur"])) for e in events
            if e.get("cat") == "kernel" and "dur" in e]
     return sorted(out, key=lambda k: k[1])
@@ -118,22 +118,21 @@ def main() -> int:
     cases = [parse_case(c) for c in args.case]
     anchors.warm_sglang([shape for shape, _ in cases])
     names = [n for n in args.impls.split(",") if n]
-    rows = []
+    rows, missing = [], set()
     for shape, ms in cases:
         for m in ms:
             tp = tune.Point(shape, m, gen.device, gen)
             for after in args.after.split(","):
                 if after not in tp.producers:
-                    notes.append(f"no {after} producer (flashinfer not installed?)")
+                    missing.add(after)
                     continue
                 producer = tp.producers[after]
-                impls = {**tune.candidates(tp, after == "pdl"),
-                         **{f"anchor:{k}": v for k, v in anchors.for_shape(shape, tp).items()}}
-                impls["default"] = default_call(tp)
+                impls = {**implementations(tp, anchors, after == "pdl"), "default": default_call(tp)}
                 for row in timeline(tp, producer, {n: impls.get(n) for n in names}, args.replays):
                     row.update(shape=shape.label(), m=m, after=after)
                     rows.append(row)
                     print(json.dumps(row), file=sys.stderr, flush=True)
+    notes += [f"no {after} producer (flashinfer not installed?)" for after in sorted(missing)]
     if args.json:
         head = {"command": command_line(), "device": torch.cuda.get_device_name(), "torch": torch.__version__,
                 "versions": anchors.versions()}
