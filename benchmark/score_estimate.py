@@ -24,6 +24,8 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
+from make_routing import read_json  # noqa: E402  (the committed runs are gzip-compressed)
+
 from slim_kernel import estimate, routing  # noqa: E402
 
 
@@ -65,7 +67,7 @@ def main() -> int:
     ap.add_argument("--flashinfer", default="0.7.4", help="the version the rows were measured with")
     ap.add_argument("--list", action="store_true", help="also print every point over 1.10x")
     args = ap.parse_args()
-    bench = json.loads(Path(args.bench).read_text())
+    bench = read_json(args.bench)
     data = json.loads(Path(args.table).read_text())
     device = routing.Device(bench.get("device", "NVIDIA H200"), int(bench.get("sms", 132)), data["arch"])
     rows = [r for r in bench["rows"] if r["producer"] == args.producer]
