@@ -1,10 +1,12 @@
 """How good is the estimate for shapes no table measured? Scored on measured decode-step rows.
 
-    python3 benchmark/score_estimate.py BENCH.json [BENCH.json ...] TABLE.json [--producer plain|pdl] [--flashinfer 0.7.4] [--list]
+    python3 benchmark/score_estimate.py BENCH.json [BENCH.json ...] TABLE.json [--producer plain|pdl]
+        [--flashinfer 0.7.4] [--list]
 
-BENCH is a ``bench_gemm.py`` JSON (or several, merged as ``make_routing.py`` merges them, of which the
-``--flashinfer`` version's rows are scored) whose rows time every candidate (run 77's, with four shapes no model
-names: ``git show 94c8d22:benchmark/results/h200/bench_gemm_fi074.json``); TABLE a routing table
+BENCH is a ``bench_gemm.py`` JSON whose rows time every candidate (the committed
+``benchmark/results/h200/bench_gemm_*.json.gz``, or an older run such as
+``git show 94c8d22:benchmark/results/h200/bench_gemm_fi074.json``); several merge as ``make_routing.py``
+merges them, and the ``--flashinfer`` version's rows are scored. TABLE is a routing table
 (``python/slim_kernel/tables/routing_sm90.json`` of the same commit). Two scores, each the pick's own
 measured time over the best anchor's (points above 1.10x, the worst) and over our best candidate's
 (geometric mean regret):
