@@ -1,4 +1,4 @@
-"""JIT launch overhead and compile/cache times (issue 3).
+"""JIT launch overhead and compile/cache times.
 
 In one run on one GPU:
 - eager host µs per launch of a bf16 elementwise add (n elements) through the native launcher

@@ -8,7 +8,7 @@ CTAs the grid puts on an SM, against ``jit/runtime.carveout_percent``), and at G
 timed at both rooms (three rounds, the median) after three producers: ``plain`` and ``pdl`` (``timing.producers``)
 and ``fadd``, flashinfer's ``fused_add_rmsnorm`` with PDL (what sglang runs before these GEMMs: 24-29 KB of shared
 memory per CTA). On GLM-5's shapes every anchor of ``bench_gemm.py`` is timed too. ``--list`` prints the points
-and stops (no GPU). Run 111's readings: ``benchmark/results/h200/carveout_ab_fi074.json``.
+and stops (no GPU). The committed readings: ``benchmark/results/h200/carveout_ab_fi074.json.gz``.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Cold start of N ranks on one JIT cache (issue 29): time to first result per rank, compiles across ranks.
+"""Cold start of N ranks on one JIT cache: time to first result per rank, compiles across ranks.
 
     python3 benchmark/cold_start.py [--procs N] [--json F] [--sglang DIR] [--ms 1-16] [--rotate] [--skip-anchors]
 

@@ -4,7 +4,8 @@
     python benchmark/make_routing.py RESULTS.json [...] [--table PATH] [--summary PATH]
 
 RESULTS are ``bench_gemm.py`` JSONs (default: ``RESULTS`` below, the committed H200 runs, one per
-flashinfer version). Several of one flashinfer version merge point by point, a later file's rows
+flashinfer version), each read from ``NAME`` or, where that is absent, its gzip-compressed copy ``NAME.gz``
+(how the committed runs are stored: ``gzip -9n NAME``). Several of one flashinfer version merge point by point, a later file's rows
 replacing an earlier one's; every row stays one side-by-side run. The table (read by
 ``slim_kernel/routing.py``) gets, per op, shape, M, flashinfer version and launch context, the
 µs of every candidate the registry can run, exactly as ``slim-kernel tune`` measures them
@@ -23,6 +24,7 @@ a tune of an unnamed shape the tuned default's ratio.
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import sys
 from pathlib import Path
@@ -48,6 +50,16 @@ RESULTS = ["bench_gemm_fi074.json", "bench_gemm_fi074_routers_large.json", "benc
            "bench_gemm_fi072_narrow_fused_a.json", "bench_gemm_fi072_heldout4.json",
            "bench_gemm_fi072_stream_trigger.json"]
 SUMMARY = RESULTS_DIR / "decode_step_summary.json"
+
+
+def read_json(path) -> dict:
+    """A results JSON: ``path``, or ``path.gz`` (gzip) where ``path`` is absent."""
+    path = Path(path)
+    packed = path.with_name(path.name + ".gz")
+    if not path.exists() and packed.exists():
+        path = packed
+    data = path.read_bytes()
+    return json.loads(gzip.decompress(data) if path.name.endswith(".gz") else data)
 
 
 def is_anchor(name: str) -> bool:
@@ -222,7 +234,7 @@ def main(argv=None) -> int:
         return 0
     committed = not args.results
     paths = [RESULTS_DIR / r for r in RESULTS] if committed else [Path(p) for p in args.results]
-    reports = merge_reports([json.loads(p.read_text()) for p in paths])
+    reports = merge_reports([read_json(p) for p in paths])
     table_path = Path(args.table)
     # From the committed runs the table is rebuilt from them alone; given runs merge into the table there.
     old = None if committed or not table_path.exists() else json.loads(table_path.read_text())
@@ -242,7 +254,7 @@ def main(argv=None) -> int:
 
         firsts = {}
         for p in paths:
-            firsts.setdefault(json.loads(p.read_text())["versions"].get("flashinfer", "not installed"), p)
+            firsts.setdefault(read_json(p)["versions"].get("flashinfer", "not installed"), p)
         for rep in reports:
             png = firsts[rep["versions"].get("flashinfer", "not installed")].with_suffix(".png")
             replot(rep, png)

@@ -1,9 +1,12 @@
 """How good is the estimate for shapes no table measured? Scored on measured decode-step rows.
 
-    python3 benchmark/score_estimate.py BENCH.json TABLE.json [--producer plain|pdl] [--flashinfer 0.7.4] [--list]
+    python3 benchmark/score_estimate.py BENCH.json [BENCH.json ...] TABLE.json [--producer plain|pdl]
+        [--flashinfer 0.7.4] [--list]
 
-BENCH is a ``bench_gemm.py`` JSON whose rows time every candidate (run 77's, with four shapes no model
-names: ``git show 94c8d22:benchmark/results/h200/bench_gemm_fi074.json``); TABLE a routing table
+BENCH is a ``bench_gemm.py`` JSON whose rows time every candidate (the committed
+``benchmark/results/h200/bench_gemm_*.json.gz``, or an older run such as
+``git show 94c8d22:benchmark/results/h200/bench_gemm_fi074.json``); several merge as ``make_routing.py``
+merges them, and the ``--flashinfer`` version's rows are scored. TABLE is a routing table
 (``python/slim_kernel/tables/routing_sm90.json`` of the same commit). Two scores, each the pick's own
 measured time over the best anchor's (points above 1.10x, the worst) and over our best candidate's
 (geometric mean regret):
@@ -24,6 +27,8 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
+from make_routing import merge_reports, read_json  # noqa: E402
+
 from slim_kernel import estimate, routing  # noqa: E402
 
 
@@ -59,13 +64,17 @@ def _programs_readable(flashinfer: str) -> bool:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("bench")
+    ap.add_argument("bench", nargs="+", help="bench_gemm.py JSON (or .json.gz); several merge point by point")
     ap.add_argument("table")
     ap.add_argument("--producer", choices=("plain", "pdl"), default="plain")
     ap.add_argument("--flashinfer", default="0.7.4", help="the version the rows were measured with")
     ap.add_argument("--list", action="store_true", help="also print every point over 1.10x")
     args = ap.parse_args()
-    bench = json.loads(Path(args.bench).read_text())
+    reports = merge_reports([read_json(p) for p in args.bench])
+    matching = [r for r in reports if r["versions"].get("flashinfer") == args.flashinfer]
+    if len(reports) > 1 and not matching:
+        ap.error(f"no BENCH file was measured with flashinfer {args.flashinfer}")
+    bench = (matching or reports)[0]
     data = json.loads(Path(args.table).read_text())
     device = routing.Device(bench.get("device", "NVIDIA H200"), int(bench.get("sms", 132)), data["arch"])
     rows = [r for r in bench["rows"] if r["producer"] == args.producer]

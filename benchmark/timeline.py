@@ -5,7 +5,8 @@
 
 The graphs are the decode step's (``slim_kernel.timing.DecodeStep``: one producer more, then producer+GEMM
 pairs over rotating cold weight copies), replayed under ``torch.profiler``: CUPTI's activity records give
-every kernel's start and end on the GPU without touching the kernels (stamps inside them did, run 117).
+every kernel's start and end on the GPU without touching the kernels (stamps inside them slowed
+sglang's kernel by several µs).
 Per pair, in µs (medians over every pair of every replay):
 
 * ``early``: the GEMM's start before its producer's end (> 0: launched early under PDL, resident and

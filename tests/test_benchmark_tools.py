@@ -134,3 +134,39 @@ def test_timeline_pairs_each_gemm_with_its_producer():
     assert stats == {"early": 0.5, "tail": 2.0, "next_early": 0.05, "next_past": 1.0, "step": 3.0}
     alone = timeline.pair_stats([("P", 0.0, 1.0), ("P", 1.5, 2.5), ("P", 3.5, 4.0)], lambda name: True)
     assert alone == {"step": 1.5}
+
+
+def test_results_read_plain_or_gzip_and_score_estimate_merges_several(tmp_path, capsys, monkeypatch):
+    """The committed runs are stored as NAME.json.gz: make_routing and score_estimate take NAME.json for it, and
+    several runs scored together read as the one run they merge into."""
+    import gzip
+
+    import make_routing
+    import score_estimate
+
+    committed = make_routing.RESULTS_DIR / "bench_gemm_fi074_heldout6.json"
+    assert not committed.exists() and committed.with_name(committed.name + ".gz").exists()
+    run = make_routing.read_json(committed)
+    assert run["versions"]["flashinfer"] == "0.7.4" and len(run["rows"]) == 108
+    plain, packed = tmp_path / "run.json", tmp_path / "packed.json.gz"
+    plain.write_text(json.dumps(run))
+    packed.write_bytes(gzip.compress(plain.read_bytes()))
+    assert make_routing.read_json(plain) == make_routing.read_json(packed) == run
+    with pytest.raises(FileNotFoundError):
+        make_routing.read_json(tmp_path / "absent.json")
+
+    first, second = tmp_path / "first.json", tmp_path / "second.json"
+    first.write_text(json.dumps({**run, "rows": run["rows"][:60]}))
+    second.write_text(json.dumps({**run, "rows": run["rows"][60:]}))
+    table = str(make_routing.TABLE)
+    outputs = []
+    for bench in ([str(committed)], [str(first), str(second)], [str(first)]):
+        monkeypatch.setattr(sys, "argv", ["score_estimate.py", *bench, table])
+        assert score_estimate.main() == 0
+        outputs.append(capsys.readouterr().out)
+    assert outputs[0] == outputs[1] and outputs[2] != outputs[0]  # the halves merge; one half alone scores less
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps({**run, "versions": {**run["versions"], "flashinfer": "0.7.2.post1"}}))
+    monkeypatch.setattr(sys, "argv", ["score_estimate.py", str(first), str(other), table, "--flashinfer", "0.7.3"])
+    with pytest.raises(SystemExit):  # runs of two versions, neither the one asked for
+        score_estimate.main()

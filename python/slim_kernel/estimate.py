@@ -43,7 +43,7 @@ bodies; letting its other programs stand in at alike grids scored worse after th
 
 Scored on the H200 runs (shapes the table lacks, and each shape left out of the table in turn; the
 pick's measured time) by ``benchmark/score_estimate.py``; numbers in
-``benchmark/results/h200/NOTES_kernels.md``. The estimate's µs (what ``info`` shows) is the
+``benchmark/DESIGN.md``. The estimate's µs (what ``info`` shows) is the
 weighted regret times the similarity-weighted best time of the measured shapes.
 """
 
@@ -59,10 +59,10 @@ TAU = 0.2
 ACTIVE_WEIGHT = 1.0
 FILL_WEIGHT = 2.0  # of the lanes a narrow kernel's rounds keep busy at K (catalogue Narrow.lane_fill)
 MIN_WEIGHT = 1e-3
-PRIOR_WEIGHT = 0.01  # of the best-supported candidate's weight: 0.003-0.02 score alike (NOTES_kernels.md)
+PRIOR_WEIGHT = 0.01  # of the best-supported candidate's weight: 0.003-0.02 score alike (benchmark/DESIGN.md)
 PRIOR_REGRET = math.log(1.2)  # 1.15-1.3 score alike
 OUT_DTYPE_DISTANCE = 0.1
-WAVES_WEIGHT = 2.0  # per wave of difference: 1.5-4 score alike, 1/2 and 1 worse (NOTES_kernels.md, runs 134-137)
+WAVES_WEIGHT = 2.0  # per wave of difference: 1.5-4 score alike, 1/2 and 1 worse (benchmark/DESIGN.md)
 # flashinfer's fused-A call chooses its own program per shape: unpredictable where it was not measured
 OPAQUE_MARGIN = {(FUSED_A, "flashinfer"): 0.2}
 # rows of N per CTA of each of flashinfer's pinned fused-A programs (names.FLASHINFER_FUSED_A_PROGRAMS) where

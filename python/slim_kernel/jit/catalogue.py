@@ -15,7 +15,7 @@ in ``kernels/`` (design notes there):
           quarter of K, a CTA per 16 rows (fused-A, M <= 32)
 
 (A tensor-map/mbarrier design for fused-A lost on the H200 by 1.5-4 us at every M and was
-removed; benchmark/results/h200/NOTES_kernels.md has its numbers and profile.)
+removed; benchmark/DESIGN.md has its numbers and profile.)
 
 A family config is a frozen dataclass with ``instance(op, m, out_dtype, shape=None)`` (``shape`` =
 the call's (N, K); None = the tuned shape), ``geometry(n, k, sm_count)`` and ``smem(m, shape=None)``
@@ -371,7 +371,7 @@ def rule_for(rules: Rules, m: int) -> GemmConfig:
 
 # The configurations the H200 benchmark measures and the routing table may name. "skinny" (the
 # router's and fused-A's first default) serves every M of both ops; the others are the designs
-# compared in benchmark/results/h200/NOTES_kernels.md.
+# compared in benchmark/DESIGN.md.
 VARIANTS: dict[str, dict[str, GemmConfig]] = {
     ROUTER: {
         "skinny": Skinny(rt=1, stages=8, warps=4, split=0),
@@ -414,7 +414,7 @@ VARIANTS: dict[str, dict[str, GemmConfig]] = {
         # K = 6144 (GLM-5) in one round of 384 threads x 2 chunks, straight-line at E % 2 == 0
         "narrow_r2k6": Narrow(rows=2, cpt=2, threads=384, tokens=10, exactk=6144),
         # the same to M=12 under a 104-register cap: GLM-5 M 11-12 after the PDL-aware producer, 0.85-0.90x
-        # direct_c8 (run 85; M=10 is slower after it than after the plain one, unexplained: NOTES_kernels.md)
+        # direct_c8 (M=10 after it needs the carveout's room for the producer's CTA: benchmark/DESIGN.md)
         "narrow_r2k6c": Narrow(rows=2, cpt=2, threads=384, tokens=12, regs=104, exactk=6144),
         # one row, 224 threads x 4 chunks (K = 7168 in one round; 128-164 registers, no spills): E=128 M 11-12
         # after the PDL-aware producer, 0.87-0.96x direct_c8 (run 85)
