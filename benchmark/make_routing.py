@@ -29,8 +29,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "python"))
-from slim_kernel.jit.catalogue import VARIANTS, variant_serves  # noqa: E402  (torch-free)
-from slim_kernel.names import FLASHINFER_FUSED_A_PROGRAMS as FLASHINFER_PROGRAMS  # noqa: E402
+from slim_kernel import backend  # noqa: E402
 
 SCHEMA = 1
 TIE = 0.02  # within 2%: what one run's repeat-to-repeat spread allows calling a tie
@@ -59,20 +58,17 @@ def winner(ratio: float, best_anchor: str) -> str:
 
 
 def candidates(op: str, us: dict, shape: dict) -> dict:
-    """Table candidates of one decode-step row (``shape``: its N or E, K and M): our columns (JIT
-    configurations no longer in the catalogue, or no longer serving this M at this shape, and
-    unknown flashinfer programs left out)."""
+    """Table candidates of one decode-step row (``shape``: its N or E, K and M): our columns, each a
+    candidate its backend still offers at this M and shape (``Backend.offers``: a configuration no longer
+    in the catalogue, or no longer serving there, and an unknown program are left out)."""
     m, nk = shape["m"], (shape.get("e", shape.get("n")), shape["k"])
     out = {}
     for name, value in us.items():
         if value is None or is_anchor(name) or name.startswith("default"):
             continue
-        backend, _, variant = name.partition(":")
-        if backend == "jit" and not (variant in VARIANTS[op] and variant_serves(VARIANTS[op][variant], op, m, nk)):
-            continue
-        if backend == "flashinfer" and variant and variant not in FLASHINFER_PROGRAMS:
-            continue
-        out[name] = round(value, 3)
+        unit, variant = backend.split(name)
+        if unit in backend.NAMES and backend.get(unit).offers(op, variant, m, nk):
+            out[name] = round(value, 3)
     return out
 
 

@@ -11,7 +11,7 @@ measured time over the best anchor's (points above 1.10x, the worst) and over ou
   * leave-one-shape-out: every shape of BENCH, estimated from the table without that shape.
 No GPU: ``slim_kernel.estimate`` is torch-free. Where the installed flashinfer is the version the rows were
 measured with, the estimate places flashinfer's fused-A call as the program that release runs, as selection does
-(``routing.flashinfer_tiles``: imports torch and flashinfer); otherwise that call is scored as opaque, and the
+(``backend.Geometry.installed``: imports torch and flashinfer); otherwise that call is scored as opaque, and the
 first line says which.
 """
 
@@ -24,7 +24,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
-from slim_kernel import estimate, routing  # noqa: E402
+from slim_kernel import backend, estimate, routing  # noqa: E402
 
 
 def _shape(row: dict) -> dict:
@@ -34,10 +34,11 @@ def _shape(row: dict) -> dict:
 def _score(rows: list[dict], tables_for, device, flashinfer: str, listing: bool) -> tuple[int, float, float]:
     over, worst, log_regret = 0, 0.0, 0.0
     readable = _programs_readable(flashinfer)
-    tiles = {op: routing.flashinfer_tiles(op, device, flashinfer) if readable else None for op in {r["op"] for r in rows}}
+    geometry = {op: backend.Geometry.installed(op, device.arch) if readable else backend.Geometry()
+                for op in {r["op"] for r in rows}}
     for r in rows:
         d = estimate.estimate(r["op"], _shape(r), r["shape"]["m"], r["producer"] == "pdl", device, tables_for(r),
-                              flashinfer, tiles[r["op"]])
+                              flashinfer, geometry[r["op"]])
         if d is None:  # nothing to estimate from: selection runs the priority order, as the run's default did
             pick, us = "priority order", r["us"]["default"]
         else:  # the first candidate of the ranking that runs at this shape (selection skips the others)

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from slim_kernel.backend import Geometry
 from slim_kernel.backends import jit as jb
 from slim_kernel.jit import catalogue as cat
 from slim_kernel.jit import routed
@@ -292,9 +293,8 @@ def test_narrow_registers_stop_at_the_block_bound_and_the_cap():
 
 
 def test_the_estimate_places_narrow_ctas_by_their_registers():
-    from slim_kernel import estimate
 
     # M=5, two rows per CTA (48 registers): 320 threads fit 4 CTAs per SM, one wave of 528 at 1056x2560;
     # 384 threads fit 3, so 1088x3072's 544 CTAs take two (run 132: 1.19x the best anchor there, 0.92x at 1056x2560)
-    assert estimate.grid(FUSED_A, "jit:narrow_r2t896", 1056, 2560, 5, 132) == (528, 528)
-    assert estimate.grid(FUSED_A, "jit:narrow_r2t896", 1088, 3072, 5, 132) == (544, 396)
+    assert Geometry().grid(FUSED_A, "jit:narrow_r2t896", 1056, 2560, 5, 132) == (528, 528)
+    assert Geometry().grid(FUSED_A, "jit:narrow_r2t896", 1088, 3072, 5, 132) == (544, 396)

@@ -98,11 +98,11 @@ def test_picks_cover_both_launch_contexts_under_auto(monkeypatch):
     import torch
 
     import slim_kernel.ops  # noqa: F401
-    from slim_kernel import info, knobs, registry, routing
+    from slim_kernel import devices, info, knobs, registry, routing
 
     monkeypatch.setattr(registry, "arch", lambda device: "sm_90")
     monkeypatch.setattr(registry, "_capability", lambda index: (9, 0))
-    monkeypatch.setattr(registry, "routing_device", lambda device: routing.Device("NVIDIA H200", 132, "sm_90"))
+    monkeypatch.setattr(devices, "routing_device", lambda device: routing.Device("NVIDIA H200", 132, "sm_90"))
     old = knobs.pdl_setting()
     try:
         knobs.set_pdl("auto")

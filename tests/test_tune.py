@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from slim_kernel import models, routing, tune
+from slim_kernel.backend import Geometry
 from slim_kernel.names import FUSED_A, ROUTER
 
 H200 = routing.Device("NVIDIA H200", 132, "sm_90")
@@ -171,9 +172,9 @@ def test_estimate_weighs_measured_shapes_by_how_alike_the_candidates_grid_lands(
     dec = estimate.estimate(ROUTER, {"e": 288, "k": 7168, "out": "float32"}, 8, False, H200, [tab], "0.7.4")
     assert dec.point.us[0][0] == "jit:direct_c8"
     # narrow's straight-line body (K = 7168 and the smaller K it is fitted to) never stands in for its generic one
-    assert estimate.body(ROUTER, "jit:narrow_r1kc", 256, 7168, 4) == "exact"
-    assert estimate.body(ROUTER, "jit:narrow_r1kc", 256, 6144, 4) == "exact"  # fitted: 384 threads
-    assert estimate.body(ROUTER, "jit:narrow_r1kc", 256, 6152, 4) == ""
+    assert Geometry().body(ROUTER, "jit:narrow_r1kc", 256, 7168, 4) == "exact"
+    assert Geometry().body(ROUTER, "jit:narrow_r1kc", 256, 6144, 4) == "exact"  # fitted: 384 threads
+    assert Geometry().body(ROUTER, "jit:narrow_r1kc", 256, 6152, 4) == ""
     tab = _table(
         _entry(4, us={"jit:narrow_r1kc": 2.0, "torch": 6.0}, shape={"e": 256, "k": 7168, "out": "float32"}),
         _entry(4, us={"jit:narrow_r1kc": 2.5, "torch": 6.0}, shape={"e": 384, "k": 7168, "out": "float32"}))
@@ -191,7 +192,7 @@ def test_a_shape_far_from_every_measured_one_is_still_estimated():
         _entry(8, us={"jit:stream_r2": 7.0, "flashinfer": 7.5, "torch": 10.0}, shape={"n": 2112, "k": 7168}, op=FUSED_A))
     here, there = (1056, 2560, 8), (2112, 7168, 8)
     for cand in ("jit:stream_r2", "flashinfer", "torch"):
-        assert math.exp(-estimate.geometry_distance(FUSED_A, cand, here, there, 132) / estimate.TAU) < estimate.MIN_WEIGHT
+        assert math.exp(-estimate.geometry_distance(FUSED_A, cand, here, there, 132, Geometry()) / estimate.TAU) < estimate.MIN_WEIGHT
     dec = estimate.estimate(FUSED_A, {"n": 1056, "k": 2560}, 8, False, H200, [tab], "0.7.4")
     assert dec is not None and dec.source == "estimate"
     assert [c for c, _ in dec.point.us][-1] == "torch"  # 1.36-1.43x its shapes' best: last wherever it is
@@ -199,18 +200,19 @@ def test_a_shape_far_from_every_measured_one_is_still_estimated():
 
 def test_pinned_flashinfer_programs_have_their_own_grid():
     from slim_kernel import estimate
+    from slim_kernel.backends import flashinfer as fb
     from slim_kernel.names import FLASHINFER_FUSED_A_PROGRAMS
 
-    assert set(estimate.PINNED_ROWS_PER_CTA) == set(FLASHINFER_FUSED_A_PROGRAMS)
+    assert set(fb.PINNED_ROWS_PER_CTA) == set(FLASHINFER_FUSED_A_PROGRAMS)
     # ncu (run 80): PACKED_S8_IL runs 164 CTAs at N=2624 (16 rows each), ACCUMULATORS_CN16 41 (64 rows)
-    assert estimate.grid(FUSED_A, "flashinfer:s8il", 2624, 6144, 8, 132) == (164, 132)
-    assert estimate.grid(FUSED_A, "flashinfer:cn16", 2624, 6144, 8, 132) == (41, 132)
+    assert Geometry().grid(FUSED_A, "flashinfer:s8il", 2624, 6144, 8, 132) == (164, 132)
+    assert Geometry().grid(FUSED_A, "flashinfer:cn16", 2624, 6144, 8, 132) == (41, 132)
     # flashinfer's own choice stays opaque: one CTA per SM assumed
-    assert estimate.grid(FUSED_A, "flashinfer", 2624, 6144, 8, 132) == (132, 132)
+    assert Geometry().grid(FUSED_A, "flashinfer", 2624, 6144, 8, 132) == (132, 132)
     # so s8il measured at N=2112 (132 CTAs, one wave) says less about N=2624 (164 CTAs, two waves)
     # than the opaque call's measurement does
-    pinned = estimate.geometry_distance(FUSED_A, "flashinfer:s8il", (2624, 6144, 8), (2112, 6144, 8), 132)
-    opaque = estimate.geometry_distance(FUSED_A, "flashinfer", (2624, 6144, 8), (2112, 6144, 8), 132)
+    pinned = estimate.geometry_distance(FUSED_A, "flashinfer:s8il", (2624, 6144, 8), (2112, 6144, 8), 132, Geometry())
+    opaque = estimate.geometry_distance(FUSED_A, "flashinfer", (2624, 6144, 8), (2112, 6144, 8), 132, Geometry())
     assert pinned == estimate.WAVES_WEIGHT and opaque < 0.25  # one wave more; bytes per CTA and CTAs at a time alike
 
 
@@ -223,14 +225,14 @@ def test_idle_lanes_of_a_narrow_round_make_a_shape_less_alike():
     assert VARIANTS[ROUTER]["narrow_r2kc"].lane_fill(7168) == 1.0  # 448 x 2 chunks
     assert not hasattr(VARIANTS[ROUTER]["direct_c8"], "lane_fill")
     # the same grid (74 CTAs) at K 7168 and 4096: only the idle lanes tell them apart
-    d = estimate.geometry_distance(ROUTER, "jit:narrow_r7", (518, 4096, 4), (518, 7168, 4), 132)
+    d = estimate.geometry_distance(ROUTER, "jit:narrow_r7", (518, 4096, 4), (518, 7168, 4), 132, Geometry())
     bytes_term = abs(math.log(4096 / 7168))
     assert d == pytest.approx(bytes_term + estimate.FILL_WEIGHT * abs(math.log(512 / 896)))
     # a one-round configuration is fitted to K 4096 (512 threads, every lane loaded): no idle lanes, but two CTAs
     # of 512 threads share an SM (48 registers), so its 256 CTAs run in one wave, not two
     wide = VARIANTS[ROUTER]["narrow_r2t896"]
     assert wide.lane_fill(4096) == 1.0 and wide.lane_fill(4104) == 513 / 896
-    d = estimate.geometry_distance(ROUTER, "jit:narrow_r2t896", (512, 4096, 4), (512, 7168, 4), 132)
+    d = estimate.geometry_distance(ROUTER, "jit:narrow_r2t896", (512, 4096, 4), (512, 7168, 4), 132, Geometry())
     assert d == pytest.approx(bytes_term + estimate.WAVES_WEIGHT + abs(math.log(256 / 132)))
 
 
@@ -263,11 +265,11 @@ def test_info_json_explains_every_estimate(monkeypatch):
     import torch
 
     import slim_kernel.ops  # noqa: F401
-    from slim_kernel import info, registry
+    from slim_kernel import devices, info, registry
 
     monkeypatch.setattr(registry, "arch", lambda device: "sm_90")
     monkeypatch.setattr(registry, "_capability", lambda index: (9, 0))
-    monkeypatch.setattr(registry, "routing_device", lambda device: routing.Device("NVIDIA H20", 78, "sm_90"))
+    monkeypatch.setattr(devices, "routing_device", lambda device: routing.Device("NVIDIA H20", 78, "sm_90"))
     rows = info._picks(torch.device("cuda", 0))
     shapes = {(r["op"], json.dumps(r["shape"], sort_keys=True)) for r in rows}
     assert shapes >= {(s.op, json.dumps(s.key(), sort_keys=True)) for s in models.all_shapes()}
@@ -455,21 +457,21 @@ def test_flashinfer_fused_a_call_is_placed_as_the_program_its_release_runs():
     def tiles(m, n, k, variant=None):  # a window table: U4 up to N=2112, S8 past it
         return two_per_sm if variant == "s8il" or n > 2112 else one_per_sm
 
-    assert estimate.grid(FUSED_A, "flashinfer", 2112, 7168, 8, 132, tiles) == (132, 132)
-    assert estimate.grid(FUSED_A, "flashinfer", 2112, 7168, 12, 132, tiles) == (264, 132)  # two token tiles: 2 waves
-    assert estimate.grid(FUSED_A, "flashinfer:s8il", 2624, 6144, 8, 132, tiles) == (164, 264)  # two CTAs per SM
-    assert estimate.body(FUSED_A, "flashinfer", 2624, 6144, 8, tiles) == "S8"
-    assert estimate.body(FUSED_A, "flashinfer", 2624, 6144, 8) == ""  # no tiles: one opaque body
+    assert Geometry({"flashinfer": tiles}).grid(FUSED_A, "flashinfer", 2112, 7168, 8, 132) == (132, 132)
+    assert Geometry({"flashinfer": tiles}).grid(FUSED_A, "flashinfer", 2112, 7168, 12, 132) == (264, 132)  # two token tiles: 2 waves
+    assert Geometry({"flashinfer": tiles}).grid(FUSED_A, "flashinfer:s8il", 2624, 6144, 8, 132) == (164, 264)  # two CTAs per SM
+    assert Geometry({"flashinfer": tiles}).body(FUSED_A, "flashinfer", 2624, 6144, 8) == "S8"
+    assert Geometry().body(FUSED_A, "flashinfer", 2624, 6144, 8) == ""  # no tiles: one opaque body
     # flashinfer wins where it ran U4, loses where it ran S8; at N=1536 it runs U4: only the U4 point stands in
     tab = _table(
         _entry(8, us={"jit:stream_r2": 9.0, "flashinfer": 8.0}, shape={"n": 2112, "k": 7168}, op=FUSED_A),
         _entry(8, us={"jit:stream_r2": 9.0, "flashinfer": 12.0}, shape={"n": 2624, "k": 7168}, op=FUSED_A))
-    dec = estimate.estimate(FUSED_A, {"n": 1536, "k": 7168}, 8, False, H200, [tab], "0.7.4", tiles)
+    dec = estimate.estimate(FUSED_A, {"n": 1536, "k": 7168}, 8, False, H200, [tab], "0.7.4", Geometry({"flashinfer": tiles}))
     assert dec.point.us[0][0] == "flashinfer"
     assert dict(dec.point.us)["flashinfer"] < dict(dec.point.us)["jit:stream_r2"] * 0.95
     assert "runs its U4 program here (96 CTAs, 132 at a time)" in dec.match  # what `info` shows
     # the programs of another release say nothing about the 0.7.4 points: opaque again, with its margin
-    other = estimate.estimate(FUSED_A, {"n": 1536, "k": 7168}, 8, False, H200, [tab], "0.7.5", tiles)
+    other = estimate.estimate(FUSED_A, {"n": 1536, "k": 7168}, 8, False, H200, [tab], "0.7.5", Geometry({"flashinfer": tiles}))
     assert other.point.us == estimate.estimate(FUSED_A, {"n": 1536, "k": 7168}, 8, False, H200, [tab], "0.7.5").point.us
     assert other.point.us[0][0] == "jit:stream_r2"
 
@@ -491,10 +493,10 @@ def test_a_point_in_another_number_of_waves_barely_counts():
     tab = _table(
         _entry(12, us={"jit:stream_w4": 10.0, "flashinfer": 13.0}, shape={"n": 2112, "k": 4096}, op=FUSED_A),
         _entry(12, us={"jit:stream_w4": 4.3, "flashinfer": 4.1}, shape={"n": 1056, "k": 2560}, op=FUSED_A))
-    assert estimate.grid(FUSED_A, "flashinfer", 896, 4096, 12, 132, tiles) == (112, 132)
-    dec = estimate.estimate(FUSED_A, {"n": 896, "k": 4096}, 12, False, H200, [tab], "0.7.4", tiles)
+    assert Geometry({"flashinfer": tiles}).grid(FUSED_A, "flashinfer", 896, 4096, 12, 132) == (112, 132)
+    dec = estimate.estimate(FUSED_A, {"n": 896, "k": 4096}, 12, False, H200, [tab], "0.7.4", Geometry({"flashinfer": tiles}))
     assert dec.point.us[0][0] == "flashinfer"
-    assert estimate.geometry_distance(FUSED_A, "flashinfer", (896, 4096, 12), (2112, 4096, 12), 132, tiles) > 2
+    assert estimate.geometry_distance(FUSED_A, "flashinfer", (896, 4096, 12), (2112, 4096, 12), 132, Geometry({"flashinfer": tiles})) > 2
 
 
 def test_a_candidate_known_only_from_unlike_grids_ranks_near_the_prior():

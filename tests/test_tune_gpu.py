@@ -78,9 +78,9 @@ def test_tuned_table_is_used_by_a_fresh_process_and_survives_failed_runs(tmp_pat
 
 
 def test_a_table_of_another_device_is_not_used(tmp_path):
-    from slim_kernel import registry, routing
+    from slim_kernel import devices, routing
 
-    rdev = registry.routing_device(torch.device("cuda", 0))
+    rdev = devices.routing_device(torch.device("cuda", 0))
     path = routing.tuned_path(rdev, routing.flashinfer_version(), tmp_path)
     path.parent.mkdir(parents=True)
     entry = {"op": "dsv3_router_gemm", "shape": {"e": 144, "k": 5120, "out": "float32"}, "m": 4,

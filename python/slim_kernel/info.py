@@ -89,11 +89,11 @@ PICK_MS = (*range(1, 17), 17, 20, 24, 28, 32, 40, 48, 56, 64)  # the M values th
 
 def _pick_shapes(device) -> list[tuple[str, dict]]:
     """Every listed model's shapes, then any other shape a table (shipped or tuned) measured."""
-    from . import models, registry, routing
+    from . import devices, models, registry, routing
 
     shapes = [(s.op, s.key()) for s in models.all_shapes()]
     tables = [routing.table(registry.arch(device)),
-              routing.tuned_table(registry.routing_device(device), routing.flashinfer_version())]
+              routing.tuned_table(devices.routing_device(device), routing.flashinfer_version())]
     for tab in filter(None, tables):
         for op in (models.ROUTER, models.FUSED_A):
             shapes += [(op, shape) for shape in tab.shapes(op)]
@@ -129,7 +129,7 @@ def _picks(device) -> list[dict]:
 
 
 def _tables(device=None) -> dict:
-    from . import registry, routing
+    from . import devices, routing
 
     out = {}
     tab = routing.table("sm_90")
@@ -137,7 +137,7 @@ def _tables(device=None) -> dict:
         "source": tab.source, "device": tab.device, "sms": tab.sms, "entries": len(tab.points),
         "flashinfer_versions": tab.versions, "generated_by": tab.generated_by}
     if device is not None:
-        rdev = registry.routing_device(device)
+        rdev = devices.routing_device(device)
         path = routing.tuned_path(rdev, routing.flashinfer_version())
         tuned = routing.tuned_table(rdev, routing.flashinfer_version())
         out["tuned"] = {"path": str(path), "exists": path.exists(), "used": tuned is not None,
@@ -168,6 +168,13 @@ def _coverage(devices: list, shapes: list | None) -> dict:
     listed = shapes or all_shapes()
     return {"shapes": "given" if shapes else "every model in slim_kernel/models.py", "archs": archs,
             "per_arch": [cache_coverage(arch, listed) for arch in archs]}
+
+
+def _backend_health() -> list[str]:
+    """Every registered backend's reads of private library internals that stopped working."""
+    from . import backend
+
+    return [line for name in backend.NAMES for line in backend.get(name).health()]
 
 
 def _fast_path() -> dict:
@@ -216,6 +223,7 @@ def collect(shapes: list | None = None) -> tuple[dict, list[str]]:
             entry["routing_tables"] = _tables(dev)
         entry["picks"] = _picks(dev) if dev.type == "cuda" and not errors else []
         report["devices"].append(entry)
+    report["notes"] += _backend_health()
     report["jit_cache_coverage"] = _coverage(devices, shapes) if not errors else None
     return report, errors
 

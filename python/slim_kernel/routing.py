@@ -28,10 +28,13 @@ import json
 import math
 import re
 import warnings
-from dataclasses import dataclass
 from functools import cache
-from importlib import metadata, resources
+from importlib import resources
 from pathlib import Path
+
+from . import backend, knobs, paths
+from .decision import Decision, Device, Point, shape_items
+from .estimate import estimate
 
 SCHEMA = 1
 TABLES = "tables"
@@ -39,60 +42,6 @@ TUNED_DIR = "routing"  # under the cache directory
 MAX_US = 1e6  # a candidate slower than a second per call is not a measurement of these GEMMs
 MAX_M = 64
 M_REACH = 8  # how far (in M) a measured point stands in for an unmeasured one of the same shape
-
-
-@dataclass(frozen=True)
-class Point:
-    op: str
-    shape: tuple[tuple[str, object], ...]
-    m: int
-    flashinfer: str
-    pdl: bool
-    us: tuple[tuple[str, float], ...]  # candidate -> µs per call, fastest first
-
-    def best(self, backend: str) -> tuple[str | None, float] | None:
-        """(variant or None, µs) of ``backend``'s fastest candidate here, or None if unmeasured."""
-        for cand, us in self.us:
-            name, _, variant = cand.partition(":")
-            if name == backend:
-                return variant or None, us
-        return None
-
-    def describe(self) -> str:
-        shape = ", ".join(f"{k}={v}" for k, v in self.shape)
-        return f"{self.op} {shape} M={self.m} flashinfer {self.flashinfer} pdl={'on' if self.pdl else 'off'}"
-
-
-@dataclass(frozen=True)
-class Decision:
-    point: Point
-    match: str  # "exact", or what was approximated
-    source: str = "shipped"  # "tuned" | "shipped" | "estimate"
-
-    @property
-    def estimated(self) -> bool:
-        return self.source == "estimate" or "estimate" in self.match
-
-    def why(self, backend: str) -> str:
-        best = self.point.best(backend)
-        if best is None:
-            return f"not measured at {self.point.describe()}"
-        variant, us = best
-        label = f"{backend}:{variant}" if variant else backend
-        what = "predicted" if self.source == "estimate" else f"{self.source} table"
-        return f"{label} {us:.2f} us ({what}) at {self.point.describe()} ({self.match})"
-
-
-@dataclass(frozen=True)
-class Device:
-    """What selection needs to know of a GPU: its name, SM count and arch (``sm_90``)."""
-    name: str
-    sms: int
-    arch: str
-
-
-def _shape_items(shape: dict) -> tuple[tuple[str, object], ...]:
-    return tuple(sorted(shape.items()))
 
 
 class Table:
@@ -104,7 +53,7 @@ class Table:
         self.sms = data.get("sms")
         self.generated_by = data.get("generated_by", "")
         self.points = [
-            Point(e["op"], _shape_items(e["shape"]), int(e["m"]), e["flashinfer"], bool(e["pdl"]),
+            Point(e["op"], shape_items(e["shape"]), int(e["m"]), e["flashinfer"], bool(e["pdl"]),
                   tuple(sorted(((c, float(u)) for c, u in e["us"].items()), key=lambda cu: (cu[1], cu[0]))))
             for e in data["entries"]
         ]
@@ -122,7 +71,7 @@ class Table:
         """The measured point of this shape: the installed flashinfer version or the nearest one
         measured, the nearest M within M_REACH (``inside``: and M within the measured ones' range);
         None when the shape was not measured."""
-        shape_t = _shape_items(shape)
+        shape_t = shape_items(shape)
         for version in self.versions_by_distance(flashinfer):
             ms = self._ms.get((op, shape_t, version, pdl))
             if not ms:
@@ -139,7 +88,7 @@ class Table:
 
     def point(self, op: str, shape: dict, m: int, flashinfer: str, pdl: bool) -> Point | None:
         """The point measured at exactly this op, shape, M, flashinfer version and launch context."""
-        return self._index.get((op, _shape_items(shape), m, flashinfer, pdl))
+        return self._index.get((op, shape_items(shape), m, flashinfer, pdl))
 
     def versions_by_distance(self, flashinfer: str | None) -> list[str]:
         if flashinfer is None:
@@ -208,9 +157,7 @@ def tuned_path(device: Device, flashinfer: str | None, root: Path | None = None)
     """Where ``slim-kernel tune`` keeps this device's table: one file per device name, SM count and
     flashinfer version, so no other device's or version's measurements are ever read."""
     if root is None:
-        from .jit.cache import cache_root
-
-        root = cache_root()
+        root = paths.cache_root()
     return root / TUNED_DIR / f"{slug(device.name)}-{device.sms}sm-{device.arch}-fi{slug(flashinfer or 'none')}.json"
 
 
@@ -254,47 +201,27 @@ def lookup(op: str, shape: dict, m: int, pdl: bool, device: Device) -> Decision 
             if shipped.device and shipped.device != device.name:
                 note = (f"measured on {shipped.device}, this is {device.name}: an estimate "
                         f"(`slim-kernel tune` measures this device)")
-                dec = Decision(dec.point, note if dec.match == "exact" else f"{dec.match}; {note}", dec.source)
+                dec = Decision(dec.point, note if dec.match == "exact" else f"{dec.match}; {note}", dec.source, True)
             return dec
-    return _estimate(op, _shape_items(shape), m, pdl, device, version)
+    return _estimate(op, shape_items(shape), m, pdl, device, version)
 
 
 @cache
 def _estimate(op: str, shape: tuple, m: int, pdl: bool, device: Device, version: str | None) -> Decision | None:
-    from .estimate import estimate
-
     tables = [t for t in (tuned_table(device, version), table(device.arch)) if t is not None]
-    return estimate(op, dict(shape), m, pdl, device, tables, version, flashinfer_tiles(op, device, version))
-
-
-def flashinfer_tiles(op: str, device: Device, version: str | None):
-    """The installed flashinfer's fused-A program tiles (``backends.flashinfer.fused_a_tile``; imports torch
-    and flashinfer), or None: another op or arch, no flashinfer, or one that does not import (its backend
-    reports that when selection loads it)."""
-    from .names import FUSED_A
-
-    if op != FUSED_A or device.arch != "sm_90" or version is None:
-        return None
-    try:
-        from .backends.flashinfer import fused_a_tile
-    except Exception:  # noqa: BLE001
-        return None
-    return fused_a_tile
+    geometry = backend.Geometry.installed(op, device.arch) if version is not None else backend.Geometry()
+    return estimate(op, dict(shape), m, pdl, device, tables, version, geometry)
 
 
 @cache
 def flashinfer_version() -> str | None:
-    """The installed flashinfer-python version (read from its metadata: nothing is imported)."""
-    try:
-        return metadata.version("flashinfer-python")
-    except metadata.PackageNotFoundError:
-        return None
+    """The installed version of the library the tables' version column keys on (its backend reads it from
+    its package metadata: nothing is imported)."""
+    return backend.version("flashinfer")
 
 
 def reload() -> None:
     """Forget the loaded tables and version (tests, benchmarks, tune writing a new table)."""
-    from . import knobs
-
     table.cache_clear()
     tuned_table.cache_clear()
     _estimate.cache_clear()

@@ -36,6 +36,14 @@ from . import models
 FP32_TOL, BF16_TOL = 1e-5, 5e-3
 
 
+class NoGPUError(RuntimeError):
+    """No CUDA GPU to measure on (exit 2)."""
+
+
+class NothingMeasured(RuntimeError):
+    """No candidate could be measured at any point (exit 1)."""
+
+
 def add_arguments(parser) -> None:
     models.add_shape_arguments(parser)
     parser.add_argument("--ms", default="1-16", help="M values, e.g. 1-16 or 1,2,4,8,16,32,64 (<= 64)")
@@ -113,41 +121,16 @@ class Point:
 
 def candidates(point: Point, pdl: bool) -> dict:
     """``{table candidate name: fn(output, *inputs)}``: what selection could run for this call in
-    this launch context, each bound as its backend binds it (JIT configurations that launch the same
-    kernel here share one fn: ``catalogue.first_alike``)."""
-    import torch
-
-    from . import ops, registry  # noqa: F401  (importing ops registers the backends)
-    from .jit import catalogue as cat
+    this launch context, each bound as its backend binds it (``Backend.tune_candidates``)."""
+    from . import backend, ops, registry  # noqa: F401  (importing ops registers the backends)
 
     op, args, out = point.shape.op, point.args(), {}
     specs, _, _ = registry.ranked(op, point.x.device, args, pdl)
     for spec in specs:
         target = registry.load(spec)
-        if target is None:
-            continue
-        backend = spec.backend.value
-        if backend == "jit":
-            sms = torch.cuda.get_device_properties(point.device).multi_processor_count
-            alike = cat.first_alike(op, point.m, point.shape.out, (point.shape.n, point.shape.k), sms)
-            for name, first in alike.items():  # one fn per distinct kernel: measure() times it once
-                out[f"jit:{name}"] = target(args, name, pdl) if first == name else out[f"jit:{first}"]
-        elif backend == "flashinfer" and spec.prepare:
-            out["flashinfer"] = target(args, None, pdl)
-            for name in _flashinfer_programs(op, point.shape.k, pdl):
-                out[f"flashinfer:{name}"] = target(args, name, pdl)
-        else:
-            out[backend] = target(args, None, pdl) if spec.prepare else target
+        if target is not None:
+            out.update(backend.get(spec.backend.value).tune_candidates(op, target, args, pdl, spec.prepare, point))
     return out
-
-
-def _flashinfer_programs(op: str, k: int, pdl: bool) -> list[str]:
-    if op != models.FUSED_A:
-        return []
-    from .backends import flashinfer as fb
-    from .names import FLASHINFER_FUSED_A_PROGRAMS
-
-    return [name for name in FLASHINFER_FUSED_A_PROGRAMS if fb.fused_a_program(name, k, pdl) is not None]
 
 
 def read_confirmed(point: Point, step, pdl: bool, fns: dict, notes: list[str]) -> dict[str, float]:
@@ -248,37 +231,25 @@ def write_table(path: Path, header: dict, entries: list[dict]) -> dict:
     return data
 
 
-def precompile(points: list[tuple[models.Shape, int]], device) -> None:
-    """Compile every JIT instance the (shape, M) points may run on ``device``, in parallel, before
-    anything is timed."""
-    from .jit import arch_for_device
-    from .jit import catalogue as cat
-    from .jit.compiler import get_compiler
-    from .jit.precompile import compile_all
-
-    arch = arch_for_device(device.index)
-    jobs = list(dict.fromkeys(
-        (cfg.instance(s.op, m, s.out, (s.n, s.k)), arch)
-        for s, m in points for cfg in cat.VARIANTS[s.op].values() if cat.variant_serves(cfg, s.op, m, (s.n, s.k))))
-    compile_all(jobs, get_compiler().name, os.cpu_count() or 1, None)
-
-
 def prebuild(points: list[Point], device) -> None:
-    """Everything the points' candidates build on first use, side by side, before anything is timed:
-    the JIT instances (``precompile``) while flashinfer builds its modules (threads: each waits on nvcc).
-    A module that fails to build here fails again at its candidate's first call, which reports it."""
+    """Everything the points' candidates build on first use (``Backend.first_use_builds``: the JIT instances,
+    flashinfer's modules), side by side before anything is timed (threads: each waits on a compiler). A
+    module that fails to build here fails again at its candidate's first call, which reports it."""
     from concurrent.futures import ThreadPoolExecutor
 
-    try:
-        from .backends import flashinfer as fb
+    from . import backend
 
-        loaders = fb.first_use_builds([(p.shape.op, p.m, p.shape.n, p.shape.k) for p in points], device)
-    except ImportError:
-        loaders = {}
-    with ThreadPoolExecutor(max(1, len(loaders)), thread_name_prefix="tune-flashinfer") as pool:
-        builds = [pool.submit(load) for load in loaders.values()]
-        precompile([(p.shape, p.m) for p in points], device)
-        for build in builds:
+    calls = [(p.shape.op, p.m, p.shape.n, p.shape.k, p.shape.out) for p in points]
+    loaders: dict = {}
+    for name in backend.NAMES:
+        unit = backend.get(name)
+        if unit.probe() is None:
+            try:
+                loaders.update(unit.first_use_builds(calls, device))
+            except ImportError:
+                pass
+    with ThreadPoolExecutor(max(1, len(loaders)), thread_name_prefix="tune-build") as pool:
+        for build in [pool.submit(load) for load in loaders.values()]:
             build.exception()
 
 
@@ -286,10 +257,10 @@ def tune(shapes: list[models.Shape], ms: list[int], device=None, progress: bool 
     """Measure ``shapes`` at ``ms`` on ``device`` and write the tuned table; returns (path, table, notes)."""
     import torch
 
-    from . import registry, routing
+    from . import devices, routing
 
     if not torch.cuda.is_available():
-        raise RuntimeError("slim-kernel tune needs a CUDA GPU (torch sees none)")
+        raise NoGPUError("slim-kernel tune needs a CUDA GPU (torch sees none)")
     try:
         dev = torch.device(device) if device is not None else torch.device("cuda")
     except RuntimeError as exc:
@@ -297,7 +268,7 @@ def tune(shapes: list[models.Shape], ms: list[int], device=None, progress: bool 
     if dev.type != "cuda" or (dev.index or 0) >= torch.cuda.device_count():
         raise ValueError(f"--device must name one of the {torch.cuda.device_count()} CUDA devices, got {device!r}")
     dev = torch.device("cuda", dev.index if dev.index is not None else torch.cuda.current_device())
-    rdev = registry.routing_device(dev)
+    rdev = devices.routing_device(dev)
     version = routing.flashinfer_version()
     notes: list[str] = []
     gen = torch.Generator(device=dev).manual_seed(0)
@@ -319,7 +290,7 @@ def tune(shapes: list[models.Shape], ms: list[int], device=None, progress: bool 
         if progress and sys.stderr.isatty():
             print(file=sys.stderr)
     if not entries:
-        raise RuntimeError("nothing could be measured: " + "; ".join(notes or ["no candidate"]))
+        raise NothingMeasured("nothing could be measured: " + "; ".join(notes or ["no candidate"]))
     header = {"arch": rdev.arch, "device": rdev.name, "sms": rdev.sms, "flashinfer": version or "not installed",
               "generated_by": "slim-kernel tune " + " ".join(s.label() for s in shapes)}
     path = routing.tuned_path(rdev, version)
@@ -368,12 +339,12 @@ def run(args) -> int:
     start = time.perf_counter()
     try:
         path, data, notes = tune(shapes, ms, args.device, not args.no_progress)
-    except ValueError as exc:
+    except (ValueError, NoGPUError) as exc:
         print(f"slim-kernel tune: {exc}", file=sys.stderr)
         return 2
-    except RuntimeError as exc:
+    except RuntimeError as exc:  # NothingMeasured, or a candidate's failure
         print(f"slim-kernel tune: {exc}", file=sys.stderr)
-        return 2 if "needs a CUDA GPU" in str(exc) else 1
+        return 1
     for note in notes:
         print(f"note: {note}", file=sys.stderr)
     comparison = against_shipped(data["entries"], data["arch"])

@@ -18,11 +18,12 @@ from __future__ import annotations
 import torch
 
 from .. import devices, knobs
+from ..backend import Backend
+from ..errors import CallNotServed
 from ..jit import catalogue as cat
 from ..jit.routed import config_for, env_var, rules, set_config  # noqa: F401  (the backend's config API)
 from ..names import FUSED_A, ROUTER
 from ..pdl import launch_pdl
-from ..registry import CallNotServed
 
 _INT32_MAX = 2**31 - 1
 _SMS: dict[int, tuple[int, int]] = {}
@@ -151,3 +152,79 @@ def probe() -> str | None:
     except ImportError as exc:
         return f"JIT runtime missing: {exc}"
     return available()
+
+
+# ---- the backend unit (slim_kernel/backend.py) ----
+
+MAX_THREADS_PER_SM = 2048
+REGS_PER_SM = 65536
+ASSUMED_REGS = 128  # an uncapped kernel's registers per thread where the catalogue does not say
+
+
+class JitBackend(Backend):
+    """Our kernels: one table candidate per configuration of ``jit/catalogue.py`` (``jit:<variant>``)."""
+
+    name = "jit"
+
+    def probe(self) -> str | None:
+        return probe()
+
+    def offers(self, op: str, variant: str | None, m: int, nk: tuple[int, int]) -> bool:
+        cfg = cat.VARIANTS.get(op, {}).get(variant or "")
+        return cfg is not None and cat.variant_serves(cfg, op, m, nk)
+
+    def grid(self, op, variant, n, k, m, sms, reader):
+        cfg = cat.VARIANTS.get(op, {}).get(variant or "")
+        if cfg is None:
+            return None
+        dims, block, _ = cfg.geometry(n, k, sms)
+        ctas = dims[0] * dims[1] * dims[2]
+        threads = block[0] * block[1] * block[2]
+        registers = getattr(cfg, "registers", None)
+        regs = registers(m, (n, k)) if registers else ASSUMED_REGS
+        per_sm = max(1, min(MAX_THREADS_PER_SM // threads, REGS_PER_SM // (threads * regs),
+                            cat.SMEM_PER_SM // (cfg.smem(m, (n, k)) + cat.SMEM_RESERVED_PER_CTA), 32))
+        return ctas, sms * per_sm
+
+    def body(self, op, variant, n, k, m, reader) -> str:
+        """Narrow configurations have a straight-line body for the K they are fitted to
+        (``Narrow.exact_for``) and a generic one."""
+        exact_for = getattr(cat.VARIANTS.get(op, {}).get(variant or ""), "exact_for", None)
+        return "exact" if exact_for is not None and exact_for((n, k)) else ""
+
+    def lane_fill(self, op, variant, k) -> float:
+        fill = getattr(cat.VARIANTS.get(op, {}).get(variant or ""), "lane_fill", None)
+        return fill(k) if fill else 1.0
+
+    def tune_candidates(self, op, target, args, pdl, prepare, point) -> dict:
+        """One fn per distinct kernel (``catalogue.first_alike``): configurations that launch the same
+        kernel at this call share it, so tune checks and times it once."""
+        sms = _sms(devices.index(point.device))[0]
+        alike = cat.first_alike(op, point.m, point.shape.out, (point.shape.n, point.shape.k), sms)
+        out: dict = {}
+        for name, first in alike.items():
+            out[f"jit:{name}"] = target(args, name, pdl) if first == name else out[f"jit:{first}"]
+        return out
+
+    def first_use_builds(self, calls, device) -> dict:
+        """Every JIT instance the calls ``(op, m, n, k, out)`` may run, compiled in parallel (one loader)."""
+        if not calls:
+            return {}
+        return {"jit": lambda: _precompile(calls, device)}
+
+
+def _precompile(calls, device) -> None:
+    import os
+
+    from ..jit import arch_for_device
+    from ..jit.compiler import get_compiler
+    from ..jit.parallel import compile_all
+
+    arch = arch_for_device(devices.index(device))
+    jobs = list(dict.fromkeys(
+        (cfg.instance(op, m, out, (n, k)), arch)
+        for op, m, n, k, out in calls for cfg in cat.VARIANTS[op].values() if cat.variant_serves(cfg, op, m, (n, k))))
+    compile_all(jobs, get_compiler().name, os.cpu_count() or 1, None)
+
+
+BACKEND = JitBackend()

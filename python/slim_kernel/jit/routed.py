@@ -62,7 +62,7 @@ def target_device(arch: str) -> routing.Device:
         import torch
 
         if torch.cuda.is_available():
-            from ..registry import routing_device
+            from ..devices import routing_device
 
             for i in range(torch.cuda.device_count()):
                 dev = routing_device(torch.device("cuda", i))
