@@ -23,7 +23,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "python"), str(ROOT / "benchmark")]
 
-from slim_kernel import models  # noqa: E402
+from slim_kernel import models, routing  # noqa: E402
 from slim_kernel.jit import catalogue as cat  # noqa: E402
 from slim_kernel.jit.catalogue import SMEM_PER_SM, SMEM_RESERVED_PER_CTA  # noqa: E402
 from slim_kernel.jit.runtime import carveout_percent  # noqa: E402
@@ -40,9 +40,9 @@ def capacity(nbytes: float) -> int:
 def points(table: dict, flashinfer: str, room: int, sms: int, per_sm: int) -> dict:
     """``{(op, (n, k, out), m): {candidate}}``: the picks whose carveout ``room`` changes, and GLM-5's shapes."""
     out: dict = {}
-    for e in table["entries"]:
+    for e in routing.flat_entries(table):
         pick = min(e["us"], key=e["us"].get)
-        if e["flashinfer"] != flashinfer or e["m"] > 16 or not pick.startswith("jit:"):
+        if dict(e["versions"]).get("flashinfer") != flashinfer or e["m"] > 16 or not pick.startswith("jit:"):
             continue
         shape, op, m = e["shape"], e["op"], e["m"]
         n, k = shape.get("n", shape.get("e")), shape["k"]

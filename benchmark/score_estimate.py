@@ -38,7 +38,7 @@ def _score(rows: list[dict], tables_for, device, flashinfer: str, listing: bool)
                 for op in {r["op"] for r in rows}}
     for r in rows:
         d = estimate.estimate(r["op"], _shape(r), r["shape"]["m"], r["producer"] == "pdl", device, tables_for(r),
-                              flashinfer, geometry[r["op"]])
+                              (("flashinfer", flashinfer),), geometry[r["op"]])
         if d is None:  # nothing to estimate from: selection runs the priority order, as the run's default did
             pick, us = "priority order", r["us"]["default"]
         else:  # the first candidate of the ranking that runs at this shape (selection skips the others)
@@ -55,7 +55,7 @@ def _score(rows: list[dict], tables_for, device, flashinfer: str, listing: bool)
 
 def _programs_readable(flashinfer: str) -> bool:
     """Whether the installed flashinfer is the measured one (its fused-A programs then place its call)."""
-    return routing.flashinfer_version() == flashinfer
+    return dict(routing.installed_versions()).get("flashinfer") == flashinfer
 
 
 def main() -> int:
@@ -68,16 +68,15 @@ def main() -> int:
     args = ap.parse_args()
     bench = json.loads(Path(args.bench).read_text())
     data = json.loads(Path(args.table).read_text())
-    device = routing.Device(bench.get("device", "NVIDIA H200"), int(bench.get("sms", 132)), data["arch"])
+    whole = routing.parse(data, args.table)[:1]
+    device = routing.Device(bench.get("device", "NVIDIA H200"), int(bench.get("sms", 132)), whole[0].arch)
     rows = [r for r in bench["rows"] if r["producer"] == args.producer]
-    whole = [routing.Table(data, args.table)]
     without: dict[tuple, list] = {}
 
     def loso(r: dict) -> list:
         key = (r["op"], tuple(sorted(_shape(r).items())))
         if key not in without:
-            rest = [e for e in data["entries"] if (e["op"], tuple(sorted(e["shape"].items()))) != key]
-            without[key] = [routing.Table(data | {"entries": rest}, args.table)]
+            without[key] = [whole[0].subset(lambda p: (p.op, p.shape) != key)]
         return without[key]
 
     how = (f"read from the installed {args.flashinfer}" if _programs_readable(args.flashinfer)

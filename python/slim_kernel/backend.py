@@ -25,8 +25,8 @@ REGISTERED: tuple[tuple[str, str], ...] = (
     ("torch", "slim_kernel.backends.torch_ref"),
 )
 NAMES: tuple[str, ...] = tuple(name for name, _ in REGISTERED)
-# the distribution each versioned backend runs (its version keys the routing tables)
-DISTS: dict[str, str] = {"flashinfer": "flashinfer-python"}
+# each versioned backend's distribution (its version keys the routing tables) and its tag in tuned tables' names
+DISTS: dict[str, tuple[str, str]] = {"flashinfer": ("flashinfer-python", "fi")}
 
 
 def version(name: str) -> str | None:
@@ -37,7 +37,7 @@ def version(name: str) -> str | None:
     if dist is None:
         return None
     try:
-        return metadata.version(dist)
+        return metadata.version(dist[0])
     except metadata.PackageNotFoundError:
         return None
 

@@ -4,15 +4,26 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+Versions = tuple  # ((backend, version), ...): the library versions a measurement was made with, sorted
+
+
+def versions_text(versions: Versions) -> str:
+    return ", ".join(f"{name} {version}" for name, version in versions) or "no versioned backend"
+
 
 @dataclass(frozen=True)
 class Point:
+    """One measured (or estimated) routing-table point: every candidate's µs per call."""
     op: str
     shape: tuple[tuple[str, object], ...]
     m: int
-    flashinfer: str
+    versions: Versions
     pdl: bool
     us: tuple[tuple[str, float], ...]  # candidate -> µs per call, fastest first
+
+    def version(self, backend: str) -> str | None:
+        """The version of ``backend``'s library this point was measured with (None: not versioned)."""
+        return dict(self.versions).get(backend)
 
     def best(self, backend: str) -> tuple[str | None, float] | None:
         """(variant or None, µs) of ``backend``'s fastest candidate here, or None if unmeasured."""
@@ -24,7 +35,7 @@ class Point:
 
     def describe(self) -> str:
         shape = ", ".join(f"{k}={v}" for k, v in self.shape)
-        return f"{self.op} {shape} M={self.m} flashinfer {self.flashinfer} pdl={'on' if self.pdl else 'off'}"
+        return f"{self.op} {shape} M={self.m} {versions_text(self.versions)} pdl={'on' if self.pdl else 'off'}"
 
 
 @dataclass(frozen=True)

@@ -72,13 +72,13 @@ def geometry_distance(op: str, candidate: str, a: tuple[int, int, int], b: tuple
             + FILL_WEIGHT * abs(math.log(fill_a / fill_b)))
 
 
-def _training(tables: list, op: str, m: int, pdl: bool, flashinfer: str | None) -> list[Point]:
-    """The measured points to learn from: per table, its flashinfer version nearest the installed
+def _training(tables: list, op: str, m: int, pdl: bool, versions: tuple) -> list[Point]:
+    """The measured points to learn from: per table, its version set nearest the installed
     one and the measured M nearest ``m``, every shape of the op (the first table wins a shape both have)."""
     points: dict[tuple, Point] = {}
     for tab in tables:
-        for version in tab.versions_by_distance(flashinfer)[:1]:
-            cands = [p for p in tab.points if p.op == op and p.pdl == pdl and p.flashinfer == version]
+        for key in tab.versions_by_distance(versions)[:1]:
+            cands = [p for p in tab.points if p.op == op and p.pdl == pdl and p.versions == key]
             if not cands:
                 continue
             near = min({p.m for p in cands}, key=lambda x: (abs(x - m), x))
@@ -89,16 +89,16 @@ def _training(tables: list, op: str, m: int, pdl: bool, flashinfer: str | None) 
 
 
 def estimate(op: str, shape: dict, m: int, pdl: bool, device: Device, tables: list,
-             flashinfer: str | None, geometry: Geometry | None = None) -> Decision | None:
+             versions: tuple, geometry: Geometry | None = None) -> Decision | None:
     """A synthetic point ranking every estimable candidate, or None (nothing to learn from). ``geometry``:
     the backends' grids (``backend.Geometry``; its readers of the installed libraries are used where every
     point learnt from was measured on them)."""
     nk = _nk(op, shape)
-    train = _training(tables, op, m, pdl, flashinfer) if nk else []
+    train = _training(tables, op, m, pdl, versions) if nk else []
     if not train:
         return None
     geometry = geometry or Geometry()
-    if any(p.flashinfer != (flashinfer or "not installed") for p in train):
+    if any(p.versions != versions for p in train):
         geometry = geometry.opaque()  # the library's programs at the measured shapes were another release's
     here = (*nk, m)
     log_regret: dict[str, float] = {}
@@ -128,7 +128,7 @@ def estimate(op: str, shape: dict, m: int, pdl: bool, device: Device, tables: li
                  for c in log_regret if weight[c] > 0 and weight[c] >= MIN_WEIGHT * most}
     if not predicted:
         return None
-    point = Point(op, shape_items(shape), m, train[0].flashinfer, pdl,
+    point = Point(op, shape_items(shape), m, train[0].versions, pdl,
                   tuple(sorted(predicted.items(), key=lambda cu: (cu[1], cu[0]))))
     match = (f"estimate: each candidate's regret at the {len(train)} measured shapes (M={train[0].m}), weighted by "
              f"how alike its grid lands on {device.sms} SMs (estimate.py); `slim-kernel tune` measures it")

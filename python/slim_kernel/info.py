@@ -93,7 +93,7 @@ def _pick_shapes(device) -> list[tuple[str, dict]]:
 
     shapes = [(s.op, s.key()) for s in models.all_shapes()]
     tables = [routing.table(registry.arch(device)),
-              routing.tuned_table(devices.routing_device(device), routing.flashinfer_version())]
+              routing.tuned_table(devices.routing_device(device), routing.installed_versions())]
     for tab in filter(None, tables):
         for op in (models.ROUTER, models.FUSED_A):
             shapes += [(op, shape) for shape in tab.shapes(op)]
@@ -104,11 +104,11 @@ def _picks(device) -> list[dict]:
     """What each op would run for every model shape and M, in each launch context the PDL knob
     allows (auto: both; slim_kernel.pdl), which source decided it (tuned, shipped or estimate)
     and why."""
-    from . import knobs, registry, routing
+    from . import knobs, registry
     from .models import Shape
 
     contexts = (True, False) if knobs.pdl_auto() else (knobs.pdl(),)
-    version, rows = routing.flashinfer_version(), []
+    version, rows = _version("flashinfer-python"), []
     for op, shape in _pick_shapes(device):
         for pdl in contexts:
             for m in PICK_MS:
@@ -135,11 +135,11 @@ def _tables(device=None) -> dict:
     tab = routing.table("sm_90")
     out["sm_90"] = None if tab is None else {
         "source": tab.source, "device": tab.device, "sms": tab.sms, "entries": len(tab.points),
-        "flashinfer_versions": tab.versions, "generated_by": tab.generated_by}
+        "flashinfer_versions": tab.versions_of("flashinfer"), "generated_by": tab.generated_by}
     if device is not None:
         rdev = devices.routing_device(device)
-        path = routing.tuned_path(rdev, routing.flashinfer_version())
-        tuned = routing.tuned_table(rdev, routing.flashinfer_version())
+        path = routing.tuned_path(rdev, routing.installed_versions())
+        tuned = routing.tuned_table(rdev, routing.installed_versions())
         out["tuned"] = {"path": str(path), "exists": path.exists(), "used": tuned is not None,
                         "entries": len(tuned.points) if tuned else 0}
     return out
@@ -149,10 +149,10 @@ def _flashinfer_note() -> str | None:
     """Why the routing numbers may not fit the installed flashinfer (the extra only has a lower bound)."""
     from . import routing
 
-    installed, tab = routing.flashinfer_version(), routing.table("sm_90")
-    if installed is None or tab is None or installed in tab.versions:
+    installed, tab = _version("flashinfer-python"), routing.table("sm_90")
+    if installed is None or tab is None or installed in tab.versions_of("flashinfer"):
         return None
-    return (f"flashinfer {installed} is not one of the measured versions ({', '.join(tab.versions)}): routing uses "
+    return (f"flashinfer {installed} is not one of the measured versions ({', '.join(tab.versions_of('flashinfer'))}): routing uses "
             "the nearest measured version's numbers (the bmm_fp8 fast path checks itself)")
 
 

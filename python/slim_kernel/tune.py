@@ -200,24 +200,25 @@ def confirmed(readings: dict, retime, top: int = 2, reads: int = 3) -> dict:
 # ---- the table ---------------------------------------------------------------------------------
 
 def write_table(path: Path, header: dict, entries: list[dict]) -> dict:
-    """Merge ``entries`` into the table at ``path`` (same op, shape, M and context replaced) and
-    write it atomically; the written data is validated as selection would read it first."""
+    """Merge ``entries`` into the table at ``path`` (same op, shape, M and context replaced) and write it
+    atomically (schema 2: one measurement group, ``header``'s device and versions; a v1 table there is
+    read too); the written data is validated as selection would read it first."""
     from . import routing
 
     old = []
     try:
         previous = json.loads(path.read_text())
-        routing.Table(previous, str(path))
-        old = previous["entries"]
+        routing.parse(previous, str(path))
+        old = [{k: v for k, v in e.items() if k in routing.ENTRY_KEYS} for e in routing.flat_entries(previous)]
     except (OSError, ValueError, TypeError, KeyError):
         pass  # no table yet, or one selection refuses anyway: start afresh
     key = lambda e: (e["op"], json.dumps(e["shape"], sort_keys=True), e["m"], e["pdl"])  # noqa: E731
     merged = {key(e): e for e in old}
     merged.update((key(e), e) for e in entries)
-    data = {"schema": routing.SCHEMA, **header,
-            "entries": sorted(merged.values(), key=lambda e: (e["op"], sorted(e["shape"].items()), e["m"],
-                                                               not e["pdl"]))}
-    routing.Table(data, str(path), kind="tuned")
+    group = {k: header[k] for k in (*routing.DEVICE_KEYS, "versions")}
+    group["entries"] = sorted(merged.values(), key=lambda e: (e["op"], sorted(e["shape"].items()), e["m"], not e["pdl"]))
+    data = {"schema": routing.SCHEMA, "generated_by": header.get("generated_by", ""), "measurements": [group]}
+    routing.parse(data, str(path), kind="tuned")
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=".tune-", dir=path.parent)
     try:
@@ -269,7 +270,7 @@ def tune(shapes: list[models.Shape], ms: list[int], device=None, progress: bool 
         raise ValueError(f"--device must name one of the {torch.cuda.device_count()} CUDA devices, got {device!r}")
     dev = torch.device("cuda", dev.index if dev.index is not None else torch.cuda.current_device())
     rdev = devices.routing_device(dev)
-    version = routing.flashinfer_version()
+    versions = routing.installed_versions()
     notes: list[str] = []
     gen = torch.Generator(device=dev).manual_seed(0)
     entries = []
@@ -283,29 +284,29 @@ def tune(shapes: list[models.Shape], ms: list[int], device=None, progress: bool 
             for pdl in (True, False):
                 us = measure(point, pdl, notes)
                 if us:
-                    entries.append({"op": point.shape.op, "shape": point.shape.key(), "m": point.m,
-                                    "flashinfer": version or "not installed", "pdl": pdl, "us": us})
+                    entries.append({"op": point.shape.op, "shape": point.shape.key(), "m": point.m, "pdl": pdl,
+                                    "us": us})
             if progress and sys.stderr.isatty():
                 print(f"\rtune: {i}/{total} points, {time.perf_counter() - start:.0f} s", end="", file=sys.stderr)
         if progress and sys.stderr.isatty():
             print(file=sys.stderr)
     if not entries:
         raise NothingMeasured("nothing could be measured: " + "; ".join(notes or ["no candidate"]))
-    header = {"arch": rdev.arch, "device": rdev.name, "sms": rdev.sms, "flashinfer": version or "not installed",
+    header = {"arch": rdev.arch, "device": rdev.name, "sms": rdev.sms, "versions": dict(versions),
               "generated_by": "slim-kernel tune " + " ".join(s.label() for s in shapes)}
-    path = routing.tuned_path(rdev, version)
+    path = routing.tuned_path(rdev, versions)
     data = write_table(path, header, entries)
     routing.reload()
     return path, data, notes
 
 
 def pick_costs(entries: list[dict], table) -> list[float]:
-    """At each entry ``table`` (a ``routing.Table``) measured too (same op, shape, M, launch context and
-    flashinfer version): the entry's time of the table's pick (what selection would run by it) over the
-    entry's fastest. 1.0 where they agree (or pick kernels timed as one)."""
+    """At each entry (``routing.flat_entries``) ``table`` (a ``routing.Table``) measured too (same op, shape, M,
+    launch context and versions): the entry's time of the table's pick (what selection would run by it) over
+    the entry's fastest. 1.0 where they agree (or pick kernels timed as one)."""
     costs = []
     for e in entries:
-        point = table.point(e["op"], e["shape"], e["m"], e["flashinfer"], e["pdl"])
+        point = table.point(e["op"], e["shape"], e["m"], e["versions"], e["pdl"])
         pick = next((cand for cand, _ in point.us if cand in e["us"]), None) if point else None
         if pick:
             costs.append(e["us"][pick] / min(e["us"].values()))
@@ -347,7 +348,9 @@ def run(args) -> int:
         return 1
     for note in notes:
         print(f"note: {note}", file=sys.stderr)
-    comparison = against_shipped(data["entries"], data["arch"])
+    from . import routing
+
+    comparison = against_shipped(routing.flat_entries(data), data["measurements"][0]["arch"])
     print(f"tune: {len(shapes)} shapes x {len(ms)} M measured in {time.perf_counter() - start:.0f} s; "
-          f"{len(data['entries'])} points in {path}" + (f"; {comparison}" if comparison else ""))
+          f"{len(data['measurements'][0]['entries'])} points in {path}" + (f"; {comparison}" if comparison else ""))
     return 0

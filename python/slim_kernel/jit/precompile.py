@@ -131,7 +131,7 @@ def _tune(shapes, ms_text: str) -> None:
     path, data, notes = tune.tune(shapes, tune.parse_ms(ms_text), progress=True)
     for note in notes:
         print(f"note: {note}", file=sys.stderr)
-    print(f"tune: {len(data['entries'])} points in {path}")
+    print(f"tune: {len(data['measurements'][0]['entries'])} points in {path}")
 
 
 def run(args) -> int:
