@@ -33,7 +33,7 @@ def _pm_page(path: Path, dram: str, failed: bool = False) -> None:
             *pm_series.SERIES.values(), "gpu__time_duration.sum", "profiler__pmsampler_interval_time"]
     row = ["0", '12  "<default domain>:dsv3_router_gemm M=8 jit:direct_c8:none:none" ', "dsv3_router_gemm_kernel",
            dram, "(0; 1; 2; 3; 4; 5; 6; 7; 8)", "128 (0; 0; 0; 128; 0; 0; 0; 0; 0)", "6.43", "1.50 (1.50)"]
-    # a result whose replay failed (the driver's LaunchFailed under --graph-profiling graph, H200 run 91)
+    # a result whose replay failed (the driver's LaunchFailed under --graph-profiling graph)
     broken = ["1", '"<default domain>:M=10 after pdl:none"', "graph", "no data", "no data", "no data", "nan", "no data"]
     with open(path, "w", newline="") as f:
         w = csv.writer(f, quoting=csv.QUOTE_ALL)

@@ -295,6 +295,6 @@ def test_narrow_registers_stop_at_the_block_bound_and_the_cap():
 def test_the_estimate_places_narrow_ctas_by_their_registers():
 
     # M=5, two rows per CTA (48 registers): 320 threads fit 4 CTAs per SM, one wave of 528 at 1056x2560;
-    # 384 threads fit 3, so 1088x3072's 544 CTAs take two (run 132: 1.19x the best anchor there, 0.92x at 1056x2560)
+    # 384 threads fit 3, so 1088x3072's 544 CTAs take two (1.19x the best anchor there, 0.92x at 1056x2560)
     assert Geometry().grid(FUSED_A, "jit:narrow_r2t896", 1056, 2560, 5, 132) == (528, 528)
     assert Geometry().grid(FUSED_A, "jit:narrow_r2t896", 1088, 3072, 5, 132) == (544, 396)

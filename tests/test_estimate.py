@@ -58,7 +58,7 @@ def test_pinned_flashinfer_programs_have_their_own_grid():
     from slim_kernel.names import FLASHINFER_FUSED_A_PROGRAMS
 
     assert set(fb.PINNED_ROWS_PER_CTA) == set(FLASHINFER_FUSED_A_PROGRAMS)
-    # ncu (run 80): PACKED_S8_IL runs 164 CTAs at N=2624 (16 rows each), ACCUMULATORS_CN16 41 (64 rows)
+    # ncu: PACKED_S8_IL launches 164 CTAs at N=2624 (16 rows each), ACCUMULATORS_CN16 41 (64 rows)
     assert Geometry().grid(FUSED_A, "flashinfer:s8il", 2624, 6144, 8, 132) == (164, 132)
     assert Geometry().grid(FUSED_A, "flashinfer:cn16", 2624, 6144, 8, 132) == (41, 132)
     # flashinfer's own choice stays opaque: one CTA per SM assumed
@@ -132,7 +132,7 @@ def test_a_point_in_another_number_of_waves_barely_counts():
         return u4
 
     # M=12 (two token tiles): U4 at 2112 x 4096 is 264 CTAs, two waves, and loses there; at 1056 x 2560 132, one wave,
-    # and wins. At 896 x 4096 it is 112 CTAs, one wave: the one-wave point decides (run 133: U4 at 1.00x the best
+    # and wins. At 896 x 4096 it is 112 CTAs, one wave: the one-wave point decides (U4 at 1.00x the best
     # anchor there, 1.2-1.4x at every N=2112 shape in two waves; with the waves term at 1/2, stream_w4 serves here)
     tab = table(
         entry(12, us={"jit:stream_w4": 10.0, "flashinfer": 13.0}, shape={"n": 2112, "k": 4096}, op=FUSED_A),
@@ -147,7 +147,7 @@ def test_a_candidate_known_only_from_unlike_grids_ranks_near_the_prior():
     from slim_kernel import estimate
 
     # narrow_r2k6c wins GLM-5's router (one wave of 128 CTAs) and nothing else measured it; at E=768 it runs three
-    # waves, and its win there says little: torch, measured at the near E=640, serves (run 128: 1.24-1.35x before)
+    # waves, and its win there says little: torch, measured at the near E=640, serves (narrow_r2k6c read 1.24-1.35x the best anchor there)
     tab = table(
         entry(12, us={"jit:narrow_r2k6c": 5.0, "torch": 10.0}, shape={"e": 256, "k": 6144, "out": "float32"}),
         entry(12, us={"jit:skinny_c4": 10.2, "torch": 10.0}, shape={"e": 640, "k": 6144, "out": "float32"}))

@@ -188,7 +188,7 @@ def measure(point: Point, pdl: bool, notes: list[str], step=None) -> dict[str, f
 def confirmed(readings: dict, retime, top: int = 2, reads: int = 3) -> dict:
     """Median µs per candidate, where the ``top`` fastest have ``reads`` readings each: one reading
     is a difference of two medians, and a clock step during one replay can make it far too low
-    (run 97: 6.8 µs for a kernel that reads 9.5 µs at the M beside it), so no single lucky reading
+    (6.8 µs once for a kernel that reads 9.5 µs at the M beside it), so no single lucky reading
     decides a pick. Re-ranks after each confirmation until the fastest ``top`` are all confirmed."""
     med = lambda fn: statistics.median(readings[fn])  # noqa: E731
     while pending := [fn for fn in sorted(readings, key=med)[:top] if len(readings[fn]) < reads]:

@@ -2,7 +2,7 @@
 
 Torch-free (the AOT baseline and precompile read it without torch). Both JIT ops are one skinny
 GEMM, ``out(M, N) = act(M, K) @ W(N, K)^T`` (the router: W = the (E, K) router weight, fp32 or
-bf16 out; fused-A: W = ``mat_b.T``, bf16 out), served by four kernel families whose sources live
+bf16 out; fused-A: W = ``mat_b.T``, bf16 out), served by five kernel families whose sources live
 in ``kernels/`` (design notes there):
 
   skinny  per-thread cp.async ring, swap-AB mma.sync, split-K over warps and a cluster (both ops)
@@ -15,7 +15,7 @@ in ``kernels/`` (design notes there):
           quarter of K, a CTA per 16 rows (fused-A, M <= 32)
 
 (A tensor-map/mbarrier design for fused-A lost on the H200 by 1.5-4 us at every M and was
-removed; benchmark/results/h200/NOTES_kernels.md has its numbers and profile.)
+removed; benchmark/DESIGN.md has its numbers.)
 
 A family config is a frozen dataclass with ``instance(op, m, out_dtype, shape=None)`` (``shape`` =
 the call's (N, K); None = the tuned shape), ``geometry(n, k, sm_count)`` and ``smem(m, shape=None)``
@@ -188,7 +188,7 @@ class Narrow:
 @dataclass(frozen=True)
 class Ring:
     kernel = "ring"
-    ops = (ROUTER,)  # fused-A lost at every M (run 24: 10.9-17.7 us vs skinny 10.5-13.1, sglang 9.7-10.2)
+    ops = (ROUTER,)  # fused-A lost to skinny and sglang's kernel at every M (benchmark/DESIGN.md)
     tk: int = 128  # k per ring stage (compile-time)
     stages: int = 8  # ring depth (compile-time; fewer where M's stages would not fit)
     warps: int = 4  # compute warps (compile-time), plus `loaders` weight-loader warps and one activation warp
@@ -203,7 +203,7 @@ class Ring:
                f"dividing tk/64, split 1..{MAX_SPLIT}")
 
     def max_m(self, shape: tuple[int, int] | None = None) -> int:
-        return 32  # past it (4 token tiles) the router's ring lost to skinny and cuBLAS by 1.5x (run 24)
+        return 32  # past it (4 token tiles) the router's ring lost to skinny and cuBLAS by 1.5x
 
     def _stage(self, m: int) -> int:  # ring_stage_bytes in kernels/ring_gemm.cuh
         return (2 + token_tiles(m)) * self.tk * 16
@@ -369,84 +369,51 @@ def rule_for(rules: Rules, m: int) -> GemmConfig:
     return next(cfg for max_m, cfg in rules if m <= max_m)
 
 
-# The configurations the H200 benchmark measures and the routing table may name. "skinny" (the
-# router's and fused-A's first default) serves every M of both ops; the others are the designs
-# compared in benchmark/results/h200/NOTES_kernels.md.
+# The configurations the benchmark measures and the routing table may name, each with what it is for (the
+# measurements behind each: benchmark/DESIGN.md). "skinny" serves every M of both ops: the fallback.
 VARIANTS: dict[str, dict[str, GemmConfig]] = {
     ROUTER: {
-        "skinny": Skinny(rt=1, stages=8, warps=4, split=0),
-        "skinny_c4": Skinny(rt=1, stages=8, warps=4, split=4),
-        # K = 7168 (DeepSeek-V3) with E % rows == 0 gets a straight-line instance
-        # (exact_for); other shapes the generic one. A 72-register cap lets a CTA fit beside flashinfer's
-        # RMSNorm CTA (896 threads x 32 registers): faster after a PDL-aware producer (run 55, when ptxas
-        # still issued the weight loads after the PDL wait: ptx.cuh); spill-free up to these M (one row
-        # uncapped at M 9-16, 96-124 registers, lost by 1.5-5.5 µs: run 61). g: L1-allocating loads;
-        # l: the PDL trigger after the FMAs.
-        "narrow_r1kc": Narrow(rows=1, cpt=2, threads=448, tokens=10, regs=72, exactk=7168),
-        "narrow_r1gkc": Narrow(rows=1, cpt=2, threads=448, tokens=10, plain=1, regs=72, exactk=7168),
-        "narrow_r2kc": Narrow(rows=2, cpt=2, threads=448, tokens=7, regs=72, exactk=7168),
-        "narrow_r2klc": Narrow(rows=2, cpt=2, threads=448, tokens=6, late=1, regs=72, exactk=7168),
-        # M <= 4: with the weight loads kept before the PDL wait (ptx.cuh), its M=5 straight-line instance
-        # spills 8 bytes under the 72-register cap with NVRTC 13.2 (13.0: none; before, M=6 did)
-        "narrow_r3klc": Narrow(rows=3, cpt=2, threads=448, tokens=4, late=1, regs=72, exactk=7168),
-        # 896 threads of one chunk per row (one CTA per SM: the block bound caps them at 72 registers).
-        # Three rows: 128 CTAs at E=384, one wave: E=384 M 3-8 after the plain producer, M=7 at 0.87-0.90x
-        # flashinfer (runs 89/90). From M=7 the generic body (other shapes) spills under that cap, the
-        # straight-line one not to M=9: generic_tokens
-        "narrow_r3t896": Narrow(rows=3, cpt=1, threads=896, tokens=9, generic_tokens=6, exactk=7168),
-        # the same geometry at E=896 (Kimi-K3): seven rows, 128 CTAs, one wave: E=896 M 1, 3-4 at
-        # 0.89-0.95x flashinfer (runs 89/90); the generic body spills from M=2
-        "narrow_r7t896": Narrow(rows=7, cpt=1, threads=896, tokens=4, generic_tokens=1, exactk=7168),
-        "narrow_r2t896": Narrow(rows=2, cpt=1, threads=896, tokens=10, exactk=7168),
-        # four rows: one wave of 128 CTAs at E=512 (a shape no listed model has), 896 threads of one chunk (72
-        # registers to M=16; the generic body spills from M=5). The fastest candidate at 14 points of the table
-        # (E=256 bf16 M=1, E=384 M 1-7; 3-8% ahead of run 89's picks after the PDL-aware producer; runs 92/93).
-        # tiny_gemm's four rows at 32 bytes per thread (448 threads at K=7168) were never the fastest: removed
-        "narrow_r4t896": Narrow(rows=4, cpt=1, threads=896, tokens=16, generic_tokens=4, exactk=7168),
-        # M 11-16 of narrow routers (E=128: 128 CTAs; K=6144 at E=256: 2 rows, 128 CTAs): one chunk per
-        # thread keeps a token's FMA chain after the PDL wait half as long as two chunks per thread, and
-        # 16 tokens fit the block's register bound without spills (72 / 80 registers, NVRTC 13.0/13.2, nvcc)
-        "narrow_r1t896": Narrow(rows=1, cpt=1, threads=896, tokens=16, exactk=7168),
-        "narrow_r2t768k6": Narrow(rows=2, cpt=1, threads=768, tokens=16, exactk=6144),
-        # one wave of 128 CTAs at E=896 (Kimi-K3), where 1-3 rows per CTA take 2-7 waves; one chunk per
-        # thread and round (two rounds at K = 7168): two chunks spill, and so does M > 5 with nvcc
-        "narrow_r7": Narrow(rows=7, cpt=1, threads=448, tokens=5, exactk=7168),
-        # K = 6144 (GLM-5) in one round of 384 threads x 2 chunks, straight-line at E % 2 == 0
-        "narrow_r2k6": Narrow(rows=2, cpt=2, threads=384, tokens=10, exactk=6144),
-        # the same to M=12 under a 104-register cap: GLM-5 M 11-12 after the PDL-aware producer, 0.85-0.90x
-        # direct_c8 (run 85; M=10 is slower after it than after the plain one, unexplained: NOTES_kernels.md)
-        "narrow_r2k6c": Narrow(rows=2, cpt=2, threads=384, tokens=12, regs=104, exactk=6144),
-        # one row, 224 threads x 4 chunks (K = 7168 in one round; 128-164 registers, no spills): E=128 M 11-12
-        # after the PDL-aware producer, 0.87-0.96x direct_c8 (run 85)
-        "narrow_r1t224": Narrow(rows=1, cpt=4, threads=224, tokens=16, exactk=7168),
-        "ring_c8": Ring(tk=128, stages=8, warps=4, loaders=1, split=8),
-        # one round of fragments in registers per lane; 8 warps of 4 blocks at split 8 (72 registers) were
-        # within 1% of these everywhere (run 70)
-        "direct_c8": Direct(warps=4, bpw=7, split=8),
-        "direct_c4": Direct(warps=8, bpw=7, split=4),
-        "direct_c16": Direct(warps=2, bpw=7, split=16),
+        "skinny": Skinny(rt=1, stages=8, warps=4, split=0),  # any shape and M: the fallback
+        "skinny_c4": Skinny(rt=1, stages=8, warps=4, split=4),  # E 256-896 from M 6 to 64: a 4-CTA split
+        # narrow: a CTA per few experts over the whole K, a straight-line body at the K it is fitted to
+        # (exactk; other shapes the generic body). A 72-register cap fits a CTA beside the RMSNorm CTA
+        # before it (896 threads x 32 registers); g: L1-allocating loads; l: the PDL trigger after the FMAs.
+        "narrow_r1kc": Narrow(rows=1, cpt=2, threads=448, tokens=10, regs=72, exactk=7168),  # one expert a CTA, M 1-10
+        "narrow_r1gkc": Narrow(rows=1, cpt=2, threads=448, tokens=10, plain=1, regs=72, exactk=7168),  # the same, L1 loads
+        "narrow_r2kc": Narrow(rows=2, cpt=2, threads=448, tokens=7, regs=72, exactk=7168),  # E 768-896, M 1-5
+        "narrow_r2klc": Narrow(rows=2, cpt=2, threads=448, tokens=6, late=1, regs=72, exactk=7168),  # never the fastest yet
+        "narrow_r3klc": Narrow(rows=3, cpt=2, threads=448, tokens=4, late=1, regs=72, exactk=7168),  # E=768, M 2-4
+        "narrow_r3t896": Narrow(rows=3, cpt=1, threads=896, tokens=9, generic_tokens=6, exactk=7168),  # E=384, M 1-9, one wave
+        "narrow_r7t896": Narrow(rows=7, cpt=1, threads=896, tokens=4, generic_tokens=1, exactk=7168),  # E=896, M=4, one wave
+        "narrow_r2t896": Narrow(rows=2, cpt=1, threads=896, tokens=10, exactk=7168),  # E 128-256, M 1-10
+        "narrow_r4t896": Narrow(rows=4, cpt=1, threads=896, tokens=16, generic_tokens=4, exactk=7168),  # E 256-512, M 1-13
+        "narrow_r1t896": Narrow(rows=1, cpt=1, threads=896, tokens=16, exactk=7168),  # E 32-384, one expert a CTA, M 2-16
+        "narrow_r2t768k6": Narrow(rows=2, cpt=1, threads=768, tokens=16, exactk=6144),  # K <= 6144, E 128-512, M 1-16
+        "narrow_r7": Narrow(rows=7, cpt=1, threads=448, tokens=5, exactk=7168),  # E=896, M 2-5, one wave in two K rounds
+        "narrow_r2k6": Narrow(rows=2, cpt=2, threads=384, tokens=10, exactk=6144),  # K=6144 (GLM-5), M 1-10
+        "narrow_r2k6c": Narrow(rows=2, cpt=2, threads=384, tokens=12, regs=104, exactk=6144),  # K=6144, M 9-12 under a 104-register cap
+        "narrow_r1t224": Narrow(rows=1, cpt=4, threads=224, tokens=16, exactk=7168),  # E=128, M 11-12, K in one round
+        "ring_c8": Ring(tk=128, stages=8, warps=4, loaders=1, split=8),  # M 13-32: loader warps and an 8-CTA split
+        "direct_c8": Direct(warps=4, bpw=7, split=8),  # M 7-16: fragments straight into registers, 8-CTA split
+        "direct_c4": Direct(warps=8, bpw=7, split=4),  # the same with a 4-CTA split (E 256-384, M 11-15)
+        "direct_c16": Direct(warps=2, bpw=7, split=16),  # the same with a 16-CTA split (M 10-16)
     },
     FUSED_A: {
-        "skinny": Skinny(rt=1, stages=8, warps=8, split=1),
-        "skinny_w10": Skinny(rt=1, stages=6, warps=10, split=1),
-        # 4-region copies (sglang's order), rings of 2-3 or 6-16 stages, 2 KB pieces and the PDL trigger after
-        # the stores lost (runs 32-35, 58, 62-65, 110); the trigger at the ring's last fill won (runs 139-140)
-        "stream_c": Stream(stages=8, pieces=1),  # M 17-32
-        "stream_c6": Stream(stages=6, pieces=1),  # M 24-32 on 0.7.4 (run 64), within 0.05 us of stream_c
-        "stream_w4": Stream(stages=4, pieces=2),  # M 1-16: 1 KB pieces
-        # 96 KB at M 9-16: two CTAs per SM, so N past 132 x 16 rows (Kimi-K3's 3648: 228 CTAs) is one wave
-        "stream_w3": Stream(stages=3, pieces=2),
-        # 32 rows per CTA: one wave where 16-row CTAs take two (GLM-5's 2624 rows: 82 CTAs, not 164)
-        "stream_r2": Stream(stages=4, pieces=2, rt=2),
-        "stream_r2c": Stream(stages=8, pieces=1, rt=2),
-        # the router's one-chunk narrow bodies (K <= 7168 fitted: K / 8 threads): a CTA per 1-8 rows over the
-        # whole K, every weight byte of the CTA requested before the PDL wait. Where stream's 16-row CTAs leave SMs
-        # idle (576x2048: 36 CTAs) they spread the weight over every SM, as sglang's tiny_gemm does. Registers at
-        # K = 7168 (896 threads, capped at 72): rows 8 spill past M=4, rows 4's generic body past M=4
-        "narrow_r1t896": Narrow(rows=1, cpt=1, threads=896, tokens=16, exactk=7168),
-        "narrow_r2t896": Narrow(rows=2, cpt=1, threads=896, tokens=10, exactk=7168),
-        "narrow_r4t896": Narrow(rows=4, cpt=1, threads=896, tokens=16, generic_tokens=4, exactk=7168),
-        "narrow_r8t896": Narrow(rows=8, cpt=1, threads=896, tokens=4, generic_tokens=1, exactk=7168),
+        "skinny": Skinny(rt=1, stages=8, warps=8, split=1),  # any shape and M: the fallback
+        "skinny_w10": Skinny(rt=1, stages=6, warps=10, split=1),  # never the fastest yet
+        # stream: loader warps, an mbarrier ring, a CTA per 16 rows; the PDL trigger at the ring's last fill
+        "stream_c": Stream(stages=8, pieces=1),  # M 24-32: 2 KB pieces, 8 stages
+        "stream_c6": Stream(stages=6, pieces=1),  # M 24-32: the same in 6 stages
+        "stream_w4": Stream(stages=4, pieces=2),  # N up to about 1800, M 1-16: 1 KB pieces
+        "stream_w3": Stream(stages=3, pieces=2),  # N past 132 x 16 rows, M 1-16: two CTAs per SM, one wave
+        "stream_r2": Stream(stages=4, pieces=2, rt=2),  # N 2624-3648, M 1-32: 32 rows a CTA, one wave
+        "stream_r2c": Stream(stages=8, pieces=1, rt=2),  # the same in 8 stages (N=2624, M 17-30)
+        # narrow (the router's one-chunk bodies): a CTA per 1-8 rows over the whole K, the weight spread over every
+        # SM where stream's 16-row CTAs leave SMs idle (thin weights, M 1-5)
+        "narrow_r1t896": Narrow(rows=1, cpt=1, threads=896, tokens=16, exactk=7168),  # N 576-704, M 5-7
+        "narrow_r2t896": Narrow(rows=2, cpt=1, threads=896, tokens=10, exactk=7168),  # M 1-6
+        "narrow_r4t896": Narrow(rows=4, cpt=1, threads=896, tokens=16, generic_tokens=4, exactk=7168),  # M 1-4
+        "narrow_r8t896": Narrow(rows=8, cpt=1, threads=896, tokens=4, generic_tokens=1, exactk=7168),  # never the fastest yet
     },
 }
 FALLBACK_VARIANT = "skinny"  # serves every M of both ops: the choice where nothing was measured
