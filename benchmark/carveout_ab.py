@@ -94,7 +94,7 @@ def measure(todo: dict, room: int, sglang: str | None) -> list[dict]:
     for key, names in sorted(todo.items(), key=lambda kv: (kv[0] not in GLM5, kv[0])):
         op, (n, k, out), m = key
         shape = models.router(n, k, out) if op == models.ROUTER else models.fused_a(n, k)
-        tp = tune.Point(shape, m, dev, gen)
+        tp = tune.Workload(shape, m, dev, gen)
         extra = columns(anchors.for_shape(shape, tp)) if key in GLM5 else {}
         for producer, fn in (("plain", tp.producers["plain"]), ("pdl", tp.producers["pdl"]),
                              ("fadd", fadd_producer(tp, gen))):

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from slim_kernel import registry, routing
+from slim_kernel import models, registry, routing
 from slim_kernel.jit import catalogue as cat
 from slim_kernel.names import FLASHINFER_FUSED_A_PROGRAMS as FLASHINFER_PROGRAMS
 from slim_kernel.names import FUSED_A, ROUTER
@@ -26,7 +26,7 @@ def table():
     return tab
 
 
-MEASURED_MS = set(range(1, 17)) | {17, 20, 24, 28, 32, 40, 48, 56, 64}  # what benchmark/bench_gemm.py measures
+MEASURED_MS = set(models.MEASURED_MS)
 MEASURED_VERSIONS = {"0.7.2.post1", "0.7.4"}  # flashinfer versions the shipped table has (benchmark/make_routing.py RESULTS)
 
 

@@ -57,7 +57,7 @@ def fake_measure(monkeypatch):
 
     monkeypatch.setattr(timing, "peak_dram_bytes_per_s", lambda device: 256 * 6144 * 2 / 4e-6)
 
-    class FakePoint:
+    class FakeWorkload:
         producers, shape, m, weights, device = {"plain": object(), "pdl": object()}, models.router(256, 6144, "float32"), 5, [0], None
 
         def __init__(self):
@@ -76,7 +76,7 @@ def fake_measure(monkeypatch):
     def run(named, step, pdl=False):
         monkeypatch.setattr(tune, "candidates", lambda point, pdl: named)
         notes = []
-        point = FakePoint()
+        point = FakeWorkload()
         return tune.measure(point, pdl, notes, step), notes, point.checked
 
     return run
@@ -139,7 +139,7 @@ def test_the_benchmark_reads_anchors_and_the_default_as_tune_reads_candidates(mo
         def time(self, fn):
             return next(reads[fn])
 
-    class FakePoint:
+    class FakeWorkload:
         shape, m, device = models.router(256, 6144, "float32"), 5, None
 
         def calls(self, fn):
@@ -147,10 +147,10 @@ def test_the_benchmark_reads_anchors_and_the_default_as_tune_reads_candidates(mo
 
     notes = []
     anchors = {"lucky": lucky, "steady": steady, "slow": slow, "never": never}
-    times = tune.read_confirmed(FakePoint(), FakeStep(), False, {f"anchor:{k}": fn for k, fn in anchors.items()}, notes)
+    times = tune.read_confirmed(FakeWorkload(), FakeStep(), False, {f"anchor:{k}": fn for k, fn in anchors.items()}, notes)
     assert times == {"anchor:lucky": 6.0, "anchor:steady": 5.0, "anchor:slow": 9.0}
     assert len(notes) == 1 and "anchor:never: kept reading below the DRAM floor" in notes[0]
-    assert tune.read_confirmed(FakePoint(), FakeStep(), False, {"default": default}, notes) == {"default": 5.4}
+    assert tune.read_confirmed(FakeWorkload(), FakeStep(), False, {"default": default}, notes) == {"default": 5.4}
 
 
 def test_a_lucky_reading_does_not_decide_a_pick():

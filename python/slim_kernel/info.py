@@ -84,7 +84,6 @@ def _meta_args(op: str, shape: dict, m: int):
     return torch.empty(m, shape["n"], dtype=torch.bfloat16, device=meta), act, w.t()
 
 
-PICK_MS = (*range(1, 17), 17, 20, 24, 28, 32, 40, 48, 56, 64)  # the M values the benchmark measures
 
 
 def _pick_shapes(device) -> list[tuple[str, dict]]:
@@ -104,14 +103,14 @@ def _picks(device) -> list[dict]:
     """What each op would run for every model shape and M, in each launch context the PDL knob
     allows (auto: both; slim_kernel.pdl), which source decided it (tuned, shipped or estimate)
     and why."""
-    from . import knobs, registry
+    from . import knobs, models, registry
     from .models import Shape
 
     contexts = (True, False) if knobs.pdl_auto() else (knobs.pdl(),)
     version, rows = _version("flashinfer-python"), []
     for op, shape in _pick_shapes(device):
         for pdl in contexts:
-            for m in PICK_MS:
+            for m in models.MEASURED_MS:
                 args = _meta_args(op, shape, m)
                 order, _, dec = registry.ranked(op, device, args, pdl)
                 order = [s for s in order if s.probe is None or s.probe() is None]

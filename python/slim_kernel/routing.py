@@ -38,12 +38,12 @@ from pathlib import Path
 from . import backend, knobs, paths
 from .decision import Decision, Device, Point, shape_items, versions_text
 from .estimate import estimate
+from .models import MAX_M
 
 SCHEMA = 2  # v2: measurement groups, each one device and a version per versioned backend; v1 is still read
 TABLES = "tables"
 TUNED_DIR = "routing"  # under the cache directory
 MAX_US = 1e6  # a candidate slower than a second per call is not a measurement of these GEMMs
-MAX_M = 64
 M_REACH = 8  # how far (in M) a measured point stands in for an unmeasured one of the same shape
 NOT_INSTALLED = "not installed"
 ENTRY_KEYS = {"op", "shape", "m", "pdl", "us"}

@@ -32,6 +32,7 @@ import time
 from pathlib import Path
 
 from . import models
+from .models import MAX_M
 
 FP32_TOL, BF16_TOL = 1e-5, 5e-3
 
@@ -46,7 +47,7 @@ class NothingMeasured(RuntimeError):
 
 def add_arguments(parser) -> None:
     models.add_shape_arguments(parser)
-    parser.add_argument("--ms", default="1-16", help="M values, e.g. 1-16 or 1,2,4,8,16,32,64 (<= 64)")
+    parser.add_argument("--ms", default="1-16", help=f"M values, e.g. 1-16 or 1,2,4,8,16,32,64 (<= {MAX_M})")
     parser.add_argument("--device", default=None, help="CUDA device (default: the current one)")
     parser.add_argument("--cache-dir", help="cache directory the table goes to (default: $SLIM_KERNEL_CACHE_DIR "
                                             "or the user cache dir)")
@@ -60,8 +61,8 @@ def parse_ms(text: str) -> list[int]:
         if not lo.isdigit() or (hi and not hi.isdigit()):
             raise ValueError(f"--ms wants numbers and ranges like 1-16,32, got {text!r}")
         ms.update(range(int(lo), int(hi or lo) + 1))
-    if not ms or min(ms) < 1 or max(ms) > 64:
-        raise ValueError(f"--ms must name M values in 1..64, got {text!r}")
+    if not ms or min(ms) < 1 or max(ms) > MAX_M:
+        raise ValueError(f"--ms must name M values in 1..{MAX_M}, got {text!r}")
     return sorted(ms)
 
 
@@ -74,7 +75,7 @@ def shapes_from_args(args) -> list[models.Shape]:
 
 # ---- one point: inputs, candidates, checks ----------------------------------------------------
 
-class Point:
+class Workload:
     """One (shape, M) on one device: the activation, output and rotating weight copies."""
 
     def __init__(self, shape: models.Shape, m: int, device, gen):
@@ -119,7 +120,7 @@ class Point:
         return FP32_TOL if self.shape.out == "float32" else BF16_TOL
 
 
-def candidates(point: Point, pdl: bool) -> dict:
+def candidates(point: Workload, pdl: bool) -> dict:
     """``{table candidate name: fn(output, *inputs)}``: what selection could run for this call in
     this launch context, each bound as its backend binds it (``Backend.tune_candidates``)."""
     from . import backend, ops, registry  # noqa: F401  (importing ops registers the backends)
@@ -133,7 +134,7 @@ def candidates(point: Point, pdl: bool) -> dict:
     return out
 
 
-def read_confirmed(point: Point, step, pdl: bool, fns: dict, notes: list[str]) -> dict[str, float]:
+def read_confirmed(point: Workload, step, pdl: bool, fns: dict, notes: list[str]) -> dict[str, float]:
     """``{name: µs per call}`` of ``fns`` (``{name: fn(output, *inputs)}``) after ``step``'s producer, the
     fastest two confirmed (:func:`confirmed`). A reading below what the weight bytes take at peak DRAM
     bandwidth (in the PDL context: less the producer, which the GEMM may overlap) cannot be right and is
@@ -159,7 +160,7 @@ def read_confirmed(point: Point, step, pdl: bool, fns: dict, notes: list[str]) -
     return times
 
 
-def measure(point: Point, pdl: bool, notes: list[str], step=None) -> dict[str, float]:
+def measure(point: Workload, pdl: bool, notes: list[str], step=None) -> dict[str, float]:
     """µs per call of every correct candidate at ``point`` in one launch context (the PDL-aware
     producer with PDL launches, or the plain one without). ``step``: that producer's
     ``timing.DecodeStep`` when the caller times more after it (made here otherwise)."""
@@ -232,7 +233,7 @@ def write_table(path: Path, header: dict, entries: list[dict]) -> dict:
     return data
 
 
-def prebuild(points: list[Point], device) -> None:
+def prebuild(points: list[Workload], device) -> None:
     """Everything the points' candidates build on first use (``Backend.first_use_builds``: the JIT instances,
     flashinfer's modules), side by side before anything is timed (threads: each waits on a compiler). A
     module that fails to build here fails again at its candidate's first call, which reports it."""
@@ -275,7 +276,7 @@ def tune(shapes: list[models.Shape], ms: list[int], device=None, progress: bool 
     gen = torch.Generator(device=dev).manual_seed(0)
     entries = []
     with torch.cuda.device(dev):
-        points = [Point(s, m, dev, gen) for s in shapes for m in ms]
+        points = [Workload(s, m, dev, gen) for s in shapes for m in ms]
         if "pdl" not in points[0].producers:
             notes.append("flashinfer is not installed: only the plain-producer context (pdl: false) was measured")
         prebuild(points, dev)

@@ -20,6 +20,7 @@ import torch
 
 from ..backend import Backend
 from ..devices import on_device
+from ..models import MAX_M
 from ..names import FLASHINFER_FUSED_A_PROGRAMS as FLASHINFER_PROGRAMS
 from ..names import FLASHINFER_ROUTERS, FUSED_A, ROUTER, flashinfer_router_name
 from ..pdl import launch_pdl
@@ -235,7 +236,7 @@ def bmm_fp8_check(out, A, B, A_scale, B_scale) -> str | None:
 
 
 ROUTER_MAX_M = 16  # flashinfer's fixed-shape routers: M 1..16
-FUSED_A_MAX_M = 64  # tinygemm_bf16 serves any M; beyond 64 the op's other backends serve (the JIT window)
+FUSED_A_MAX_M = MAX_M  # tinygemm_bf16 serves any M; past the decode window the op's other backends serve
 
 
 def router_check(output, hidden_states, router_weights) -> str | None:

@@ -28,10 +28,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
+from .. import models
 from ..names import FUSED_A, ROUTER
 from .spec import KernelInstance
 
-MAX_M = 64  # the JIT window: skinny takes up to 8 token tiles of 8
+MAX_M = models.MAX_M  # the JIT window: skinny takes up to 8 token tiles of 8
 VEC = 8  # bf16 elements per 16-byte load: K and row strides must be multiples of this
 MAX_CLUSTER = 8  # portable cluster size: the most split=0 picks
 MAX_SPLIT = 16  # explicit split may use non-portable clusters (kMaxSplit in kernels/reduce.cuh)
