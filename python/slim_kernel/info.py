@@ -52,7 +52,7 @@ def _knobs() -> tuple[dict, list[str]]:
 
     def launcher():
         runtime.launcher_name()  # validates the value
-        return os.environ.get(runtime.ENV_LAUNCHER)
+        return os.environ.get(knobs.ENV_LAUNCHER)
 
     check(knobs.ENV_PDL, "pdl", pdl)
     check(knobs.ENV_JIT, knobs.ENV_JIT, knobs.jit_mode)
@@ -63,9 +63,10 @@ def _knobs() -> tuple[dict, list[str]]:
     for op in (ROUTER, FUSED_A):
         check(routed.env_var(op), routed.env_var(op),
               lambda op=op: os.environ.get(routed.env_var(op)) if routed.rules(op) else None)
-    for name in ("SLIM_KERNEL_JIT_COMPILER", "SLIM_KERNEL_CACHE_DIR", "SLIM_KERNEL_FLASHINFER_DIRECT"):
-        values[name] = os.environ.get(name)
-    check(runtime.ENV_LAUNCHER, runtime.ENV_LAUNCHER, launcher)
+    for name in knobs.VARIABLES:  # the rest, as set (each reader validates its own)
+        if name not in values and "<OP>" not in name and name != knobs.ENV_PDL:
+            values[name] = os.environ.get(name)
+    check(knobs.ENV_LAUNCHER, knobs.ENV_LAUNCHER, launcher)
     return values, errors
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-ENV_CACHE_DIR = "SLIM_KERNEL_CACHE_DIR"
+from .knobs import ENV_CACHE_DIR
 
 
 def cache_root() -> Path:

@@ -146,8 +146,7 @@ def _fmt_sm(sm: tuple[int, int]) -> str:
     return f"{sm[0]}.{sm[1]}"
 
 
-def env_var(op: str) -> str:
-    return f"SLIM_KERNEL_BACKEND_{op.upper()}"
+env_var = knobs.backend_var  # SLIM_KERNEL_BACKEND_<OP>
 
 
 def pinned_backend(op: str, backend) -> tuple[KernelBackend | None, str]:

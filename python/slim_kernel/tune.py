@@ -337,7 +337,9 @@ def run(args) -> int:
         print(f"slim-kernel tune: {exc}", file=sys.stderr)
         return 2
     if args.cache_dir:
-        os.environ["SLIM_KERNEL_CACHE_DIR"] = args.cache_dir
+        from .knobs import ENV_CACHE_DIR
+
+        os.environ[ENV_CACHE_DIR] = args.cache_dir
     start = time.perf_counter()
     try:
         path, data, notes = tune(shapes, ms, args.device, not args.no_progress)

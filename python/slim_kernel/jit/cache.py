@@ -41,6 +41,7 @@ from pathlib import Path
 
 from .. import knobs
 from .._version import __version__
+from ..knobs import ENV_TRACE
 from ..paths import ENV_CACHE_DIR, cache_root  # noqa: F401  (re-exported: the cache's API)
 from .arch import normalize_arch, sm_version
 from .compiler import NVCC_TIMEOUT_S, Compiler, get_compiler, nvcc_temp_parent
@@ -50,7 +51,6 @@ from .spec import KernelInstance
 
 log = logging.getLogger("slim_kernel.jit")
 
-ENV_TRACE = "SLIM_KERNEL_JIT_TRACE"  # append one JSON line per real compile (tests, debugging)
 FORMAT = 1
 MAGIC = b"SLIMCUBIN1\n\0"
 SUFFIX = ".slimcubin"

@@ -22,7 +22,7 @@ _RULES: dict[str, cat.Rules | None] = {}  # op -> rules set at run time or from 
 
 
 def env_var(op: str) -> str:
-    return f"SLIM_KERNEL_JIT_CONFIG_{op.upper()}"
+    return knobs.jit_config_var(op)
 
 
 def rules(op: str) -> cat.Rules | None:

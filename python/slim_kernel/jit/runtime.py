@@ -11,6 +11,7 @@ import os
 import threading
 from types import ModuleType
 
+from ..knobs import ENV_LAUNCHER
 from . import _pylauncher
 from .arch import arch_for_device
 from .cache import get_entry
@@ -19,7 +20,6 @@ from .compiler import CompilerUnavailableError, get_compiler
 from .resources import ResourceUsage
 from .spec import KernelInstance
 
-ENV_LAUNCHER = "SLIM_KERNEL_LAUNCHER"
 LAUNCHERS = ("native", "python")
 CARVEOUT_ATTR = 9  # CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT
 LAUNCH_CARVEOUT_DRIVER = 12060  # CU_LAUNCH_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT is in CUDA 12.6's cuda.h
