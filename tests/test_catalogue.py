@@ -298,3 +298,16 @@ def test_the_estimate_places_narrow_ctas_by_their_registers():
     # 384 threads fit 3, so 1088x3072's 544 CTAs take two (1.19x the best anchor there, 0.92x at 1056x2560)
     assert Geometry().grid(FUSED_A, "jit:narrow_r2t896", 1056, 2560, 5, 132) == (528, 528)
     assert Geometry().grid(FUSED_A, "jit:narrow_r2t896", 1088, 3072, 5, 132) == (544, 396)
+
+
+def test_per_arch_limits_come_from_one_table():
+    from slim_kernel.jit.arch import LIMITS, limits
+
+    assert limits("sm_90a").smem_per_block == cat.MAX_SMEM == 227 * 1024 and limits("9.0").sms == 132
+    assert limits("sm_100a").sms == 148
+    assert limits("sm_120a").smem_per_block == 99 * 1024 and limits("12.0a").threads_per_sm == 1536
+    # an architecture not in the table gets the most restrictive limits there, never sm_90's by default
+    assert limits("sm_110a") == min(LIMITS.values(), key=lambda lim: lim.smem_per_block) == limits("sm_120")
+    # configurations that need more than sm_120's 99 KiB per CTA exist: the JIT backend declines them there
+    assert any(cfg.smem(16) > limits("sm_120").smem_per_block
+               for op in cat.VARIANTS for cfg in cat.VARIANTS[op].values() if cat.variant_serves(cfg, op, 16))

@@ -7,7 +7,7 @@ passes tensors on cuda:1, a capture on cuda:1's stream inside ``torch.cuda.devic
 1. The device is the first input's. Validation (``ops/<op>.py``) requires every tensor on it.
 2. Plans are keyed by device: the ops' plans (``ops/_dispatch.py``) by every tensor's device, the
    bmm_fp8 fast path's by ``A``'s index. Capability, arch and SM count are cached per index
-   (``registry.capability``, ``jit.arch_for_device``, ``backends/jit._sms``); the routing table
+   (``registry.capability``, ``jit.arch_for_device``, ``backends/jit._limits``); the routing table
    per arch.
 3. JIT kernels: the cubin cache is per arch (a cubin holds no device); a loaded kernel is per
    (instance, device index, launcher) (``jit.runtime.get_kernel``), loaded into that device's primary

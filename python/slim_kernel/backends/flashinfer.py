@@ -309,12 +309,12 @@ class FlashinferBackend(Backend):
         return fused_a_tile
 
     def grid(self, op, variant, n, k, m, sms, reader):
-        from ..jit.catalogue import SMEM_PER_SM, SMEM_RESERVED_PER_CTA
+        from ..jit.arch import limits
 
-        tile = reader(m, n, k, variant) if reader is not None and op == FUSED_A else None
+        sm90, tile = limits("sm_90"), reader(m, n, k, variant) if reader is not None and op == FUSED_A else None
         if tile is not None:  # the program the installed flashinfer runs, its tile named by flashinfer itself
             ctas = tile.cluster * -(-m // tile.tokens) * -(-n // tile.rows)
-            return ctas, sms * max(1, SMEM_PER_SM // (tile.smem + SMEM_RESERVED_PER_CTA))
+            return ctas, sms * max(1, sm90.smem_per_sm // (tile.smem + sm90.smem_reserved_per_cta))
         rows = PINNED_ROWS_PER_CTA.get(variant or "") if op == FUSED_A else None
         return (-(-n // rows), sms) if rows else None  # a pinned program: its tile, one CTA per SM at a time
 

@@ -21,20 +21,22 @@ from .. import devices, knobs
 from ..backend import Backend
 from ..errors import CallNotServed
 from ..jit import catalogue as cat
+from ..jit.arch import limits
 from ..jit.routed import config_for, env_var, rules, set_config  # noqa: F401  (the backend's config API)
 from ..names import FUSED_A, ROUTER
 from ..pdl import launch_pdl
 
 _INT32_MAX = 2**31 - 1
-_SMS: dict[int, tuple[int, int]] = {}
+_LIMITS: dict[int, object] = {}
 
 
-def _sms(device_index: int) -> tuple[int, int]:
-    """(SM count, shared memory per SM in bytes; 0 where torch does not say)."""
-    got = _SMS.get(device_index)
+def _limits(device_index: int):
+    """The device's SM count and limits (``jit.arch.device_limits``), read once per device."""
+    got = _LIMITS.get(device_index)
     if got is None:
-        props = torch.cuda.get_device_properties(device_index)
-        got = _SMS[device_index] = (props.multi_processor_count, getattr(props, "shared_memory_per_multiprocessor", 0))
+        from ..jit.arch import device_limits
+
+        got = _LIMITS[device_index] = device_limits(device_index)
     return got
 
 
@@ -63,12 +65,14 @@ def _prepare(op: str, output: torch.Tensor, act: torch.Tensor, n: int, ldw: int,
         if knobs.jit_mode() != "cache-or-fallback":
             raise
         raise CallNotServed(f"cannot serve this call without compiling: {exc}") from None
-    sms, smem_per_sm = _sms(dev)
+    lim = _limits(dev)
+    sms = lim.sms
     grid, block, cluster = cfg.geometry(n, k, sms)
     smem = cfg.smem(m, (n, k))
-    if smem > cat.MAX_SMEM:
-        raise ValueError(f"{op}: JIT config {cfg} needs {smem} bytes of shared memory at M={m} (max {cat.MAX_SMEM})")
-    carveout = kernel.launch_carveout(carveout_percent(smem, grid[0] * grid[1] * grid[2], sms, smem_per_sm,
+    if smem > lim.smem_per_block:  # a configuration sized for another arch: the next backend serves
+        raise CallNotServed(f"JIT config {cfg} needs {smem} bytes of shared memory at M={m}, the device "
+                            f"allows {lim.smem_per_block} per CTA")
+    carveout = kernel.launch_carveout(carveout_percent(smem, grid[0] * grid[1] * grid[2], sms, lim.smem_per_sm,
                                                        knobs.smem_room(), cluster is not None))
     launch = kernel.launch
     lda = act.stride(0) if m > 1 else k
@@ -156,9 +160,8 @@ def probe() -> str | None:
 
 # ---- the backend unit (slim_kernel/backend.py) ----
 
-MAX_THREADS_PER_SM = 2048
-REGS_PER_SM = 65536
 ASSUMED_REGS = 128  # an uncapped kernel's registers per thread where the catalogue does not say
+SM90 = limits("sm_90")  # the estimate places grids on the SMs of the architecture the tables measured
 
 
 class JitBackend(Backend):
@@ -182,8 +185,8 @@ class JitBackend(Backend):
         threads = block[0] * block[1] * block[2]
         registers = getattr(cfg, "registers", None)
         regs = registers(m, (n, k)) if registers else ASSUMED_REGS
-        per_sm = max(1, min(MAX_THREADS_PER_SM // threads, REGS_PER_SM // (threads * regs),
-                            cat.SMEM_PER_SM // (cfg.smem(m, (n, k)) + cat.SMEM_RESERVED_PER_CTA), 32))
+        per_sm = max(1, min(SM90.threads_per_sm // threads, SM90.regs_per_sm // (threads * regs),
+                            SM90.smem_per_sm // (cfg.smem(m, (n, k)) + SM90.smem_reserved_per_cta), 32))
         return ctas, sms * per_sm
 
     def body(self, op, variant, n, k, m, reader) -> str:
@@ -199,7 +202,7 @@ class JitBackend(Backend):
     def tune_candidates(self, op, target, args, pdl, prepare, point) -> dict:
         """One fn per distinct kernel (``catalogue.first_alike``): configurations that launch the same
         kernel at this call share it, so tune checks and times it once."""
-        sms = _sms(devices.index(point.device))[0]
+        sms = _limits(devices.index(point.device)).sms
         alike = cat.first_alike(op, point.m, point.shape.out, (point.shape.n, point.shape.k), sms)
         out: dict = {}
         for name, first in alike.items():

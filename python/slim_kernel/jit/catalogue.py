@@ -30,15 +30,17 @@ from dataclasses import dataclass, fields
 
 from .. import models
 from ..names import FUSED_A, ROUTER
+from .arch import limits
 from .spec import KernelInstance
 
 MAX_M = models.MAX_M  # the JIT window: skinny takes up to 8 token tiles of 8
 VEC = 8  # bf16 elements per 16-byte load: K and row strides must be multiples of this
 MAX_CLUSTER = 8  # portable cluster size: the most split=0 picks
 MAX_SPLIT = 16  # explicit split may use non-portable clusters (kMaxSplit in kernels/reduce.cuh)
-MAX_SMEM = 227 * 1024
-SMEM_PER_SM = 228 * 1024  # an sm_90 SM's shared memory (the largest carveout)
-SMEM_RESERVED_PER_CTA = 1024  # what the driver keeps of an SM's shared memory for each resident CTA (sm_80, sm_90)
+# the configurations are sized for sm_90 (arch.LIMITS); a launch checks the device's own limits
+MAX_SMEM = limits("sm_90").smem_per_block
+SMEM_PER_SM = limits("sm_90").smem_per_sm
+SMEM_RESERVED_PER_CTA = limits("sm_90").smem_reserved_per_cta
 OUT_DTYPES = {ROUTER: ("float32", "bfloat16"), FUSED_A: ("bfloat16",)}
 SOURCES = {ROUTER: ("dsv3_router_gemm.cuh", "dsv3_router_gemm_kernel"),
            FUSED_A: ("dsv3_fused_a_gemm.cuh", "dsv3_fused_a_gemm_kernel")}
