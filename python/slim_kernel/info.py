@@ -132,10 +132,11 @@ def _tables(device=None) -> dict:
     from . import devices, routing
 
     out = {}
-    tab = routing.table("sm_90")
-    out["sm_90"] = None if tab is None else {
-        "source": tab.source, "device": tab.device, "sms": tab.sms, "entries": len(tab.points),
-        "flashinfer_versions": tab.versions_of("flashinfer"), "generated_by": tab.generated_by}
+    for arch in routing.shipped_archs():
+        tab = routing.table(arch)
+        out[arch] = None if tab is None else {
+            "source": tab.source, "device": tab.device, "sms": tab.sms, "entries": len(tab.points),
+            "flashinfer_versions": tab.versions_of("flashinfer"), "generated_by": tab.generated_by}
     if device is not None:
         rdev = devices.routing_device(device)
         path = routing.tuned_path(rdev, routing.installed_versions())
@@ -149,10 +150,12 @@ def _flashinfer_note() -> str | None:
     """Why the routing numbers may not fit the installed flashinfer (the extra only has a lower bound)."""
     from . import routing
 
-    installed, tab = _version("flashinfer-python"), routing.table("sm_90")
-    if installed is None or tab is None or installed in tab.versions_of("flashinfer"):
+    installed = _version("flashinfer-python")
+    measured = sorted({v for arch in routing.shipped_archs() for t in routing.tables(arch) for v in t.versions_of("flashinfer")},
+                      key=routing.version_key)
+    if installed is None or not measured or installed in measured:
         return None
-    return (f"flashinfer {installed} is not one of the measured versions ({', '.join(tab.versions_of('flashinfer'))}): routing uses "
+    return (f"flashinfer {installed} is not one of the measured versions ({', '.join(measured)}): routing uses "
             "the nearest measured version's numbers (the bmm_fp8 fast path checks itself)")
 
 

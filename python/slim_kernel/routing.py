@@ -229,6 +229,16 @@ def tables(arch: str) -> tuple[Table, ...]:
     return tuple(parse(json.loads(text), f"slim_kernel/{TABLES}/{name}"))
 
 
+def shipped_archs() -> list[str]:
+    """The archs a shipped table exists for (``sm_90`` for ``routing_sm90.json``)."""
+    try:
+        names = [ref.name for ref in resources.files(__package__).joinpath(TABLES).iterdir()]
+    except (FileNotFoundError, ModuleNotFoundError, NotADirectoryError):
+        return []
+    found = (re.fullmatch(r"routing_sm(\d+)(\d)\.json", name) for name in names)
+    return sorted(f"sm_{m[1]}{m[2]}" for m in found if m)
+
+
 def table(arch: str) -> Table | None:
     """The first shipped table of ``arch`` (its reference device), or None."""
     found = tables(arch)
