@@ -56,7 +56,7 @@ def points(table: dict, flashinfer: str, room: int, sms: int, per_sm: int) -> di
         if pct is not None and capacity(min(per_sm // block, -(-ctas // sms)) * block) != capacity(pct * per_sm / 100):
             out.setdefault((op, (n, k, shape.get("out", "bfloat16")), m), set()).add(pick)
     for key in GLM5:
-        out.setdefault(key, set()).add("jit:stream_r2" if key[0] == models.FUSED_A else "jit:narrow_r2k6c")
+        out.setdefault(key, set()).add("jit:stream_r32w4p2" if key[0] == models.FUSED_A else "jit:narrow_r2t384k6c104")
     return out
 
 

@@ -69,7 +69,8 @@ def candidates(op: str, us: dict, shape: dict) -> dict:
             continue
         unit, variant = backend.split(name)
         if unit in backend.NAMES and backend.get(unit).offers(op, variant, m, nk):
-            out[name] = round(value, 3)
+            variant = backend.get(unit).canonical(op, variant)  # a run made before a rename: today's name
+            out[f"{unit}:{variant}" if variant else unit] = round(value, 3)
     return out
 
 

@@ -69,7 +69,7 @@ def test_carveout_ab_times_the_picks_whose_carveout_the_room_changes():
     table = json.loads((Path(ab.ROOT) / "python/slim_kernel/tables/routing_sm90.json").read_text())
     todo = ab.points(table, "0.7.4", 32768, 132, 228 * 1024)
     assert set(ab.GLM5) <= set(todo)
-    assert todo[(ROUTER, (256, 6144, "float32"), 10)] >= {"jit:narrow_r2k6c"}
+    assert todo[(ROUTER, (256, 6144, "float32"), 10)] >= {"jit:narrow_r2t384k6c104"}
     for (op, (n, k, _), _m), names in todo.items():
         for name in names:  # cluster launches keep the driver's carveout: never an A/B point of their own
             assert cat.VARIANTS[op][name[4:]].geometry(n, k, 132)[2] is None or (op, n) in ((ROUTER, 256), (FUSED_A, 2624))

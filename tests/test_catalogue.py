@@ -129,7 +129,7 @@ def test_one_round_narrow_bodies_are_fitted_to_smaller_k():
     at_7168 = cat.first_alike(ROUTER, 5, "float32", (256, 7168), 132)
     assert at_7168["narrow_r2t768k6"] == "narrow_r2t768k6" and at_7168["narrow_r2t896"] == "narrow_r2t896"
     # at K = 7168 the K = 6144 pair runs one generic body (the cap is the straight-line body's): alike too
-    assert {name: first for name, first in at_7168.items() if first != name} == {"narrow_r2k6c": "narrow_r2k6"}
+    assert {name: first for name, first in at_7168.items() if first != name} == {"narrow_r2t384k6c104": "narrow_r2t384k6"}
     assert cat.first_alike(ROUTER, 12, "float32", (256, 6144), 132)["narrow_r2t768k6"] == "narrow_r2t768k6"
     assert "narrow_r2t896" not in cat.first_alike(ROUTER, 12, "float32", (256, 6144), 132)  # M past its window
     # the window follows the body: generic_tokens where the shape gets the generic one
@@ -311,3 +311,18 @@ def test_per_arch_limits_come_from_one_table():
     # configurations that need more than sm_120's 99 KiB per CTA exist: the JIT backend declines them there
     assert any(cfg.smem(16) > limits("sm_120").smem_per_block
                for op in cat.VARIANTS for cfg in cat.VARIANTS[op].values() if cat.variant_serves(cfg, op, 16))
+
+
+def test_variant_names_follow_one_rule_and_old_names_stay_aliases():
+    import re
+
+    rule = re.compile(r"(skinny|narrow|ring|direct|stream)(_([rtnkcsawp]\d+|[gl])+)?")
+    for op, named in cat.VARIANTS.items():
+        for name in named:
+            assert rule.fullmatch(name), f"{op} {name}"
+        for old, new in cat.ALIASES[op].items():
+            assert old not in dict(named) and new in dict(named)  # aliases are not listed, only found
+            assert named[old] is named[new] and named.get(old) is named[new] and old in named
+    # an old name in a routing table or a tool binds the same configuration
+    assert jb.config_for(ROUTER, 10, "direct_c8")[1] is cat.VARIANTS[ROUTER]["direct_s8"]
+    assert cat.VARIANTS[FUSED_A]["stream_r2"].rt == 2 and cat.VARIANTS[ROUTER]["narrow_r2k6c"].regs == 104

@@ -58,6 +58,10 @@ class Backend:
     def load(self) -> None:
         """Import what the backend runs (first use; an exception makes it unavailable, with one warning)."""
 
+    def canonical(self, op: str, variant: str | None) -> str | None:
+        """The current name of candidate ``variant`` (an older name is an alias of it)."""
+        return variant
+
     def offers(self, op: str, variant: str | None, m: int, nk: tuple[int, int]) -> bool:
         """Whether the candidate ``variant`` (None: the backend's own call) still exists and serves (N, K, M)."""
         return variant is None

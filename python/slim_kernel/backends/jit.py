@@ -172,6 +172,9 @@ class JitBackend(Backend):
     def probe(self) -> str | None:
         return probe()
 
+    def canonical(self, op: str, variant: str | None) -> str | None:
+        return cat.VARIANTS[op].canonical(variant) if op in cat.VARIANTS else variant
+
     def offers(self, op: str, variant: str | None, m: int, nk: tuple[int, int]) -> bool:
         cfg = cat.VARIANTS.get(op, {}).get(variant or "")
         return cfg is not None and cat.variant_serves(cfg, op, m, nk)

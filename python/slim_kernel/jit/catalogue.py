@@ -14,9 +14,6 @@ in ``kernels/`` (design notes there):
   stream  weight and token loader warps filling an mbarrier ring, four compute warps each owning a
           quarter of K, a CTA per 16 rows (fused-A, M <= 32)
 
-(A tensor-map/mbarrier design for fused-A lost on the H200 by 1.5-4 us at every M and was
-removed; benchmark/DESIGN.md has its numbers.)
-
 A family config is a frozen dataclass with ``instance(op, m, out_dtype, shape=None)`` (``shape`` =
 the call's (N, K); None = the tuned shape), ``geometry(n, k, sm_count)`` and ``smem(m, shape=None)``
 (mirrors of the ``*_smem_bytes`` formulas in the ``.cuh`` files; the kernels trap when launched with less). Tile rules (``"8:kernel=narrow,rows=2;16:rt=1,stages=8"``)
@@ -373,52 +370,83 @@ def rule_for(rules: Rules, m: int) -> GemmConfig:
 
 
 # The configurations the benchmark measures and the routing table may name, each with what it is for (the
-# measurements behind each: benchmark/DESIGN.md). "skinny" serves every M of both ops: the fallback.
-VARIANTS: dict[str, dict[str, GemmConfig]] = {
+# evidence: benchmark/DESIGN.md); "skinny" serves every M of both ops. A name is the family, then tokens
+# for the settings that tell it apart, each letter with one meaning in every family: r<N> weight rows per
+# CTA, t<N> threads, n<N> rounds over K (default 1), k<N> the fitted K in units of 1024 (default 7), c<N> a
+# register cap, s<N> CTAs per cluster splitting K, a<N> warps, w<N> ring stages, p<N> pieces per row and
+# stage; g L1-allocating loads, l the PDL trigger after the FMAs. Older names (ALIASES) still find their
+# configuration wherever a name is read (tables, tools).
+_VARIANTS: dict[str, dict[str, GemmConfig]] = {
     ROUTER: {
         "skinny": Skinny(rt=1, stages=8, warps=4, split=0),  # any shape and M: the fallback
-        "skinny_c4": Skinny(rt=1, stages=8, warps=4, split=4),  # E 256-896 from M 6 to 64: a 4-CTA split
-        # narrow: a CTA per few experts over the whole K, a straight-line body at the K it is fitted to
-        # (exactk; other shapes the generic body). A 72-register cap fits a CTA beside the RMSNorm CTA
-        # before it (896 threads x 32 registers); g: L1-allocating loads; l: the PDL trigger after the FMAs.
-        "narrow_r1kc": Narrow(rows=1, cpt=2, threads=448, tokens=10, regs=72, exactk=7168),  # one expert a CTA, M 1-10
-        "narrow_r1gkc": Narrow(rows=1, cpt=2, threads=448, tokens=10, plain=1, regs=72, exactk=7168),  # the same, L1 loads
-        "narrow_r2kc": Narrow(rows=2, cpt=2, threads=448, tokens=7, regs=72, exactk=7168),  # E 768-896, M 1-5
-        "narrow_r2klc": Narrow(rows=2, cpt=2, threads=448, tokens=6, late=1, regs=72, exactk=7168),  # never the fastest yet
-        "narrow_r3klc": Narrow(rows=3, cpt=2, threads=448, tokens=4, late=1, regs=72, exactk=7168),  # E=768, M 2-4
+        "skinny_s4": Skinny(rt=1, stages=8, warps=4, split=4),  # E 256-896 from M 6 to 64: a 4-CTA split
+        # narrow: a CTA per few experts over the whole K, a straight-line body at its fitted K (other shapes: the
+        # generic body); the 72-register cap fits a CTA beside the RMSNorm CTA before it (896 threads x 32 registers)
+        "narrow_r1c72": Narrow(rows=1, cpt=2, threads=448, tokens=10, regs=72, exactk=7168),  # one expert a CTA, M 1-10
+        "narrow_r1c72g": Narrow(rows=1, cpt=2, threads=448, tokens=10, plain=1, regs=72, exactk=7168),  # the same, L1 loads
+        "narrow_r2c72": Narrow(rows=2, cpt=2, threads=448, tokens=7, regs=72, exactk=7168),  # E 768-896, M 1-5
+        "narrow_r2c72l": Narrow(rows=2, cpt=2, threads=448, tokens=6, late=1, regs=72, exactk=7168),  # never the fastest yet
+        "narrow_r3c72l": Narrow(rows=3, cpt=2, threads=448, tokens=4, late=1, regs=72, exactk=7168),  # E=768, M 2-4
         "narrow_r3t896": Narrow(rows=3, cpt=1, threads=896, tokens=9, generic_tokens=6, exactk=7168),  # E=384, M 1-9, one wave
         "narrow_r7t896": Narrow(rows=7, cpt=1, threads=896, tokens=4, generic_tokens=1, exactk=7168),  # E=896, M=4, one wave
         "narrow_r2t896": Narrow(rows=2, cpt=1, threads=896, tokens=10, exactk=7168),  # E 128-256, M 1-10
         "narrow_r4t896": Narrow(rows=4, cpt=1, threads=896, tokens=16, generic_tokens=4, exactk=7168),  # E 256-512, M 1-13
         "narrow_r1t896": Narrow(rows=1, cpt=1, threads=896, tokens=16, exactk=7168),  # E 32-384, one expert a CTA, M 2-16
         "narrow_r2t768k6": Narrow(rows=2, cpt=1, threads=768, tokens=16, exactk=6144),  # K <= 6144, E 128-512, M 1-16
-        "narrow_r7": Narrow(rows=7, cpt=1, threads=448, tokens=5, exactk=7168),  # E=896, M 2-5, one wave in two K rounds
-        "narrow_r2k6": Narrow(rows=2, cpt=2, threads=384, tokens=10, exactk=6144),  # K=6144 (GLM-5), M 1-10
-        "narrow_r2k6c": Narrow(rows=2, cpt=2, threads=384, tokens=12, regs=104, exactk=6144),  # K=6144, M 9-12 under a 104-register cap
+        "narrow_r7n2": Narrow(rows=7, cpt=1, threads=448, tokens=5, exactk=7168),  # E=896, M 2-5, one wave in two K rounds
+        "narrow_r2t384k6": Narrow(rows=2, cpt=2, threads=384, tokens=10, exactk=6144),  # K=6144 (GLM-5), M 1-10
+        "narrow_r2t384k6c104": Narrow(rows=2, cpt=2, threads=384, tokens=12, regs=104, exactk=6144),  # K=6144, M 9-12 under a 104-register cap
         "narrow_r1t224": Narrow(rows=1, cpt=4, threads=224, tokens=16, exactk=7168),  # E=128, M 11-12, K in one round
-        "ring_c8": Ring(tk=128, stages=8, warps=4, loaders=1, split=8),  # M 13-32: loader warps and an 8-CTA split
-        "direct_c8": Direct(warps=4, bpw=7, split=8),  # M 7-16: fragments straight into registers, 8-CTA split
-        "direct_c4": Direct(warps=8, bpw=7, split=4),  # the same with a 4-CTA split (E 256-384, M 11-15)
-        "direct_c16": Direct(warps=2, bpw=7, split=16),  # the same with a 16-CTA split (M 10-16)
+        "ring_s8": Ring(tk=128, stages=8, warps=4, loaders=1, split=8),  # M 13-32: loader warps and an 8-CTA split
+        "direct_s8": Direct(warps=4, bpw=7, split=8),  # M 7-16: fragments straight into registers, 8-CTA split
+        "direct_s4": Direct(warps=8, bpw=7, split=4),  # the same with a 4-CTA split (E 256-384, M 11-15)
+        "direct_s16": Direct(warps=2, bpw=7, split=16),  # the same with a 16-CTA split (M 10-16)
     },
     FUSED_A: {
         "skinny": Skinny(rt=1, stages=8, warps=8, split=1),  # any shape and M: the fallback
-        "skinny_w10": Skinny(rt=1, stages=6, warps=10, split=1),  # never the fastest yet
+        "skinny_a10w6": Skinny(rt=1, stages=6, warps=10, split=1),  # never the fastest yet
         # stream: loader warps, an mbarrier ring, a CTA per 16 rows; the PDL trigger at the ring's last fill
-        "stream_c": Stream(stages=8, pieces=1),  # M 24-32: 2 KB pieces, 8 stages
-        "stream_c6": Stream(stages=6, pieces=1),  # M 24-32: the same in 6 stages
-        "stream_w4": Stream(stages=4, pieces=2),  # N up to about 1800, M 1-16: 1 KB pieces
-        "stream_w3": Stream(stages=3, pieces=2),  # N past 132 x 16 rows, M 1-16: two CTAs per SM, one wave
-        "stream_r2": Stream(stages=4, pieces=2, rt=2),  # N 2624-3648, M 1-32: 32 rows a CTA, one wave
-        "stream_r2c": Stream(stages=8, pieces=1, rt=2),  # the same in 8 stages (N=2624, M 17-30)
-        # narrow (the router's one-chunk bodies): a CTA per 1-8 rows over the whole K, the weight spread over every
-        # SM where stream's 16-row CTAs leave SMs idle (thin weights, M 1-5)
+        "stream_w8p1": Stream(stages=8, pieces=1),  # M 24-32: 2 KB pieces, 8 stages
+        "stream_w6p1": Stream(stages=6, pieces=1),  # M 24-32: the same in 6 stages
+        "stream_w4p2": Stream(stages=4, pieces=2),  # N up to about 1800, M 1-16: 1 KB pieces
+        "stream_w3p2": Stream(stages=3, pieces=2),  # N past 132 x 16 rows, M 1-16: two CTAs per SM, one wave
+        "stream_r32w4p2": Stream(stages=4, pieces=2, rt=2),  # N 2624-3648, M 1-32: 32 rows a CTA, one wave
+        "stream_r32w8p1": Stream(stages=8, pieces=1, rt=2),  # the same in 8 stages (N=2624, M 17-30)
+        # narrow: a CTA per 1-8 rows over the whole K, spreading thin weights over SMs stream's 16-row CTAs leave idle
         "narrow_r1t896": Narrow(rows=1, cpt=1, threads=896, tokens=16, exactk=7168),  # N 576-704, M 5-7
         "narrow_r2t896": Narrow(rows=2, cpt=1, threads=896, tokens=10, exactk=7168),  # M 1-6
         "narrow_r4t896": Narrow(rows=4, cpt=1, threads=896, tokens=16, generic_tokens=4, exactk=7168),  # M 1-4
         "narrow_r8t896": Narrow(rows=8, cpt=1, threads=896, tokens=4, generic_tokens=1, exactk=7168),  # never the fastest yet
     },
 }
+ALIASES: dict[str, dict[str, str]] = {
+    ROUTER: {"skinny_c4": "skinny_s4", "narrow_r1kc": "narrow_r1c72", "narrow_r1gkc": "narrow_r1c72g", "narrow_r2kc": "narrow_r2c72", "narrow_r2klc": "narrow_r2c72l", "narrow_r3klc": "narrow_r3c72l", "narrow_r7": "narrow_r7n2", "narrow_r2k6": "narrow_r2t384k6", "narrow_r2k6c": "narrow_r2t384k6c104", "ring_c8": "ring_s8", "direct_c8": "direct_s8", "direct_c4": "direct_s4", "direct_c16": "direct_s16"},
+    FUSED_A: {"skinny_w10": "skinny_a10w6", "stream_c": "stream_w8p1", "stream_c6": "stream_w6p1", "stream_w4": "stream_w4p2", "stream_w3": "stream_w3p2", "stream_r2": "stream_r32w4p2", "stream_r2c": "stream_r32w8p1"},
+}
+
+
+class Named(dict):
+    """An op's configurations by name; an alias (:data:`ALIASES`) finds its configuration too, and
+    iteration gives the current names only."""
+
+    def __init__(self, items: dict, aliases: dict[str, str]):
+        super().__init__(items)
+        self.aliases = aliases
+
+    def canonical(self, name):
+        return self.aliases.get(name, name)
+
+    def __getitem__(self, name):
+        return super().__getitem__(self.canonical(name))
+
+    def get(self, name, default=None):
+        return super().get(self.canonical(name), default)
+
+    def __contains__(self, name) -> bool:
+        return super().__contains__(self.canonical(name))
+
+
+VARIANTS: dict[str, Named] = {op: Named(named, ALIASES[op]) for op, named in _VARIANTS.items()}
 FALLBACK_VARIANT = "skinny"  # serves every M of both ops: the choice where nothing was measured
 
 
