@@ -326,3 +326,17 @@ def test_variant_names_follow_one_rule_and_old_names_stay_aliases():
     # an old name in a routing table or a tool binds the same configuration
     assert jb.config_for(ROUTER, 10, "direct_c8")[1] is cat.VARIANTS[ROUTER]["direct_s8"]
     assert cat.VARIANTS[FUSED_A]["stream_r2"].rt == 2 and cat.VARIANTS[ROUTER]["narrow_r2k6c"].regs == 104
+
+
+def test_family_ids_have_one_home_the_entry_points_agree():
+    import re
+
+    ids = {cls.kernel: cls.family for cls in cat.FAMILIES.values()}
+    assert sorted(ids.values()) == list(range(len(ids)))
+    for op, (source, _) in cat.SOURCES.items():
+        text = (Path(cat.__file__).parent / "kernels" / source).read_text()
+        listed = dict((name, int(i)) for i, name in re.findall(r"(\d) (skinny|narrow|ring|direct|stream)",
+                                                                  text.split("SK_FAMILY", 2)[2].splitlines()[0]))
+        assert listed and all(ids[name] == i for name, i in listed.items()), (source, listed)
+        served = {cfg.kernel for cfg in cat.VARIANTS[op].values()}
+        assert served <= set(listed), (source, served)

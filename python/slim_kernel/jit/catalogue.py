@@ -61,7 +61,7 @@ def _check(ok: bool, cfg, what: str) -> None:
 
 @dataclass(frozen=True)
 class Skinny:
-    kernel = "skinny"
+    kernel, family = "skinny", 0  # the family and its SK_FAMILY id (kernels/dsv3_*_gemm.cuh)
     ops = (ROUTER, FUSED_A)
     rt: int = 1  # 16-row weight tiles per CTA (compile-time)
     stages: int = 8  # per-warp cp.async ring depth in 32-k blocks (compile-time)
@@ -80,7 +80,7 @@ class Skinny:
         return _stages_that_fit(self.stages, 0, self.warps * (2 * self.rt + token_tiles(m)) * 512)
 
     def instance(self, op: str, m: int, out_dtype: str, shape: tuple[int, int] | None = None) -> KernelInstance:
-        return _make(op, out_dtype, SK_FAMILY=0, SK_NT=token_tiles(m), SK_RT=self.rt, SK_STAGES=self.stages_for(m))
+        return _make(op, out_dtype, SK_FAMILY=self.family, SK_NT=token_tiles(m), SK_RT=self.rt, SK_STAGES=self.stages_for(m))
 
     def geometry(self, n: int, k: int, sm_count: int) -> tuple[tuple, tuple, tuple | None]:
         groups = _cdiv(n, 16 * self.rt)
@@ -95,7 +95,7 @@ class Skinny:
 
 @dataclass(frozen=True)
 class Narrow:
-    kernel = "narrow"
+    kernel, family = "narrow", 1  # the family and its SK_FAMILY id (kernels/dsv3_*_gemm.cuh)
     ops = (ROUTER, FUSED_A)
     rows: int = 2  # output rows per CTA (compile-time)
     cpt: int = 2  # 16-byte chunks per thread per row and round (compile-time)
@@ -175,7 +175,7 @@ class Narrow:
         options = {k: v for k, v in (("SK_PLAIN", self.plain), ("SK_LATE", self.late), ("SK_MAXNREG", regs)) if v}
         if exact:
             options["SK_EXACTK"] = self.exactk if shape is None else shape[1]
-        return _make(op, out_dtype, SK_FAMILY=1, SK_ROWS=self.rows, SK_MT=m, SK_CPT=self.cpt,
+        return _make(op, out_dtype, SK_FAMILY=self.family, SK_ROWS=self.rows, SK_MT=m, SK_CPT=self.cpt,
                      SK_THREADS=self.block(shape), **options)
 
     def geometry(self, n: int, k: int, sm_count: int) -> tuple[tuple, tuple, tuple | None]:
@@ -187,7 +187,7 @@ class Narrow:
 
 @dataclass(frozen=True)
 class Ring:
-    kernel = "ring"
+    kernel, family = "ring", 2  # the family and its SK_FAMILY id (kernels/dsv3_*_gemm.cuh)
     ops = (ROUTER,)  # fused-A lost to skinny and sglang's kernel at every M (benchmark/DESIGN.md)
     tk: int = 128  # k per ring stage (compile-time)
     stages: int = 8  # ring depth (compile-time; fewer where M's stages would not fit)
@@ -215,7 +215,7 @@ class Ring:
         return _stages_that_fit(self.stages, self._fixed(self.stages, m), self._stage(m))
 
     def instance(self, op: str, m: int, out_dtype: str, shape: tuple[int, int] | None = None) -> KernelInstance:
-        return _make(op, out_dtype, SK_FAMILY=2, SK_NT=token_tiles(m), SK_TK=self.tk, SK_STAGES=self.stages_for(m),
+        return _make(op, out_dtype, SK_FAMILY=self.family, SK_NT=token_tiles(m), SK_TK=self.tk, SK_STAGES=self.stages_for(m),
                      SK_CW=self.warps, SK_LW=self.loaders)
 
     def geometry(self, n: int, k: int, sm_count: int) -> tuple[tuple, tuple, tuple | None]:
@@ -228,7 +228,7 @@ class Ring:
 
 @dataclass(frozen=True)
 class Stream:
-    kernel = "stream"
+    kernel, family = "stream", 3  # the family and its SK_FAMILY id (kernels/dsv3_*_gemm.cuh)
     ops = (FUSED_A,)  # a CTA per 16 rows and no split-K: the router's 256-384 rows would fill 16-24 SMs
     stages: int = 8  # ring depth (compile-time; fewer where M's stages would not fit)
     pieces: int = 1  # contiguous 512-byte pieces of every row in a stage (compile-time)
@@ -252,7 +252,7 @@ class Stream:
 
     def instance(self, op: str, m: int, out_dtype: str, shape: tuple[int, int] | None = None) -> KernelInstance:
         rt = {"SK_RT": self.rt} if self.rt != 1 else {}  # only when set: the others keep their keys
-        return _make(op, out_dtype, SK_FAMILY=3, SK_NT=token_tiles(m), SK_STAGES=self.stages_for(m),
+        return _make(op, out_dtype, SK_FAMILY=self.family, SK_NT=token_tiles(m), SK_STAGES=self.stages_for(m),
                      SK_PIECES=self.pieces, **rt)
 
     def geometry(self, n: int, k: int, sm_count: int) -> tuple[tuple, tuple, tuple | None]:
@@ -264,7 +264,7 @@ class Stream:
 
 @dataclass(frozen=True)
 class Direct:
-    kernel = "direct"
+    kernel, family = "direct", 4  # the family and its SK_FAMILY id (kernels/dsv3_*_gemm.cuh)
     ops = (ROUTER,)
     warps: int = 4  # warps per CTA (compile-time)
     bpw: int = 7  # 32-k blocks per warp and round (compile-time): K = 7168 over 8 ranks of 4 warps is one round
@@ -280,7 +280,7 @@ class Direct:
     def instance(self, op: str, m: int, out_dtype: str, shape: tuple[int, int] | None = None) -> KernelInstance:
         if m > self.max_m():
             raise ValueError(f"this direct kernel serves M <= {self.max_m()}, got M={m}")
-        return _make(op, out_dtype, SK_FAMILY=4, SK_NT=token_tiles(m), SK_CW=self.warps, SK_BPW=self.bpw)
+        return _make(op, out_dtype, SK_FAMILY=self.family, SK_NT=token_tiles(m), SK_CW=self.warps, SK_BPW=self.bpw)
 
     def geometry(self, n: int, k: int, sm_count: int) -> tuple[tuple, tuple, tuple | None]:
         return _split_k_tiles(n, _cdiv(k, 32), self.split, 32 * self.warps)
