@@ -292,7 +292,7 @@ def main(argv=None) -> int:
         from slim_kernel import tune
 
         points = [(s, m) for s in named for m in named_ms] + [(s, m) for s in unnamed for m in unnamed_ms]
-        tune.precompile(points, torch.device("cuda", torch.cuda.current_device()))
+        tune.prebuild(points, torch.device("cuda", torch.cuda.current_device()))
         measured = []
         for shape in named + unnamed:
             for m in (unnamed_ms if shape in unnamed else named_ms):

@@ -233,15 +233,15 @@ def write_table(path: Path, header: dict, entries: list[dict]) -> dict:
     return data
 
 
-def prebuild(points: list[Workload], device) -> None:
-    """Everything the points' candidates build on first use (``Backend.first_use_builds``: the JIT instances,
-    flashinfer's modules), side by side before anything is timed (threads: each waits on a compiler). A
-    module that fails to build here fails again at its candidate's first call, which reports it."""
+def prebuild(points: list[tuple[models.Shape, int]], device) -> None:
+    """Everything the (shape, M) points' candidates build on first use (``Backend.first_use_builds``: the JIT
+    instances, flashinfer's modules), side by side before anything is timed (threads: each waits on a
+    compiler). A module that fails to build here fails again at its candidate's first call, which reports it."""
     from concurrent.futures import ThreadPoolExecutor
 
     from . import backend
 
-    calls = [(p.shape.op, p.m, p.shape.n, p.shape.k, p.shape.out) for p in points]
+    calls = [(s.op, m, s.n, s.k, s.out) for s, m in points]
     loaders: dict = {}
     for name in backend.NAMES:
         unit = backend.get(name)
@@ -279,7 +279,7 @@ def tune(shapes: list[models.Shape], ms: list[int], device=None, progress: bool 
         points = [Workload(s, m, dev, gen) for s in shapes for m in ms]
         if "pdl" not in points[0].producers:
             notes.append("flashinfer is not installed: only the plain-producer context (pdl: false) was measured")
-        prebuild(points, dev)
+        prebuild([(p.shape, p.m) for p in points], dev)
         total, start = len(points), time.perf_counter()
         for i, point in enumerate(points, 1):
             for pdl in (True, False):
