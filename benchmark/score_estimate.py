@@ -9,7 +9,7 @@ measured time over the best anchor's (points above 1.10x, the worst) and over ou
 (geometric mean regret):
   * unnamed: the rows marked ``unnamed`` (shapes the table lacks), estimated from the whole table;
   * leave-one-shape-out: every shape of BENCH, estimated from the table without that shape.
-No GPU: ``slim_kernel.estimate`` is torch-free. Where the installed flashinfer is the version the rows were
+No GPU (a CPU torch: the backends that give the estimate its grids import it). Where the installed flashinfer is the version the rows were
 measured with, the estimate places flashinfer's fused-A call as the program that release runs, as selection does
 (``backend.Geometry.installed``: imports torch and flashinfer); otherwise that call is scored as opaque, and the
 first line says which.

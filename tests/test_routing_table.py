@@ -68,6 +68,15 @@ def test_a_schema_1_table_gives_the_same_pick_at_every_point(table):
     for p in table.points:
         dec = old.lookup(p.op, dict(p.shape), p.m, p.versions, p.pdl)
         assert dec.match == "exact" and dec.point.us == p.us, p.describe()
+    # ... and so does one naming the configurations by their names before the naming rule (aliases)
+    from slim_kernel import tune
+
+    before = {op: {new: old for old, new in cat.ALIASES[op].items()} for op in cat.ALIASES}
+    for e in v1["entries"]:
+        e["us"] = {f"jit:{before[e['op']].get(c[4:], c[4:])}" if c.startswith("jit:") else c: u for c, u in e["us"].items()}
+    assert any("jit:ring_c8" in e["us"] for e in v1["entries"])
+    costs = tune.pick_costs(routing.flat_entries(v1), table)
+    assert len(costs) == len(table.points) and set(costs) == {1.0}
 
 
 def test_candidates_name_existing_backends_and_configurations(table):

@@ -120,6 +120,14 @@ def split(candidate: str) -> tuple[str, str | None]:
     return name, variant or None
 
 
+def canonical(op: str, candidate: str) -> str:
+    """``candidate`` under its current name (a renamed variant's old name is an alias: ``Backend.canonical``)."""
+    name, variant = split(candidate)
+    if variant is None or name not in NAMES:
+        return candidate
+    return f"{name}:{get(name).canonical(op, variant)}"
+
+
 class Geometry:
     """Every candidate's grid, body, lane fill and margin, asked of its backend: what ``estimate.py`` needs.
 

@@ -304,13 +304,17 @@ def tune(shapes: list[models.Shape], ms: list[int], device=None, progress: bool 
 def pick_costs(entries: list[dict], table) -> list[float]:
     """At each entry (``routing.flat_entries``) ``table`` (a ``routing.Table``) measured too (same op, shape, M,
     launch context and versions): the entry's time of the table's pick (what selection would run by it) over
-    the entry's fastest. 1.0 where they agree (or pick kernels timed as one)."""
+    the entry's fastest. 1.0 where they agree (or pick kernels timed as one). Candidates compare under their
+    current names (a table written before a variant's rename names it by its alias)."""
+    from .backend import canonical
+
     costs = []
     for e in entries:
         point = table.point(e["op"], e["shape"], e["m"], e["versions"], e["pdl"])
-        pick = next((cand for cand, _ in point.us if cand in e["us"]), None) if point else None
+        mine = {canonical(e["op"], cand): us for cand, us in e["us"].items()}
+        pick = next((c for c in (canonical(e["op"], cand) for cand, _ in point.us) if c in mine), None) if point else None
         if pick:
-            costs.append(e["us"][pick] / min(e["us"].values()))
+            costs.append(mine[pick] / min(mine.values()))
     return costs
 
 
