@@ -44,8 +44,6 @@ from anchors import Anchors, columns  # noqa: E402
 
 import harness as H  # noqa: E402
 
-LARGE_MS = [17, 20, 24, 28, 32, 40, 48, 56, 64]
-
 
 def shapes_from_args(args) -> tuple[list, list]:
     from slim_kernel import models
@@ -67,7 +65,7 @@ def measure_point(report, anchors: Anchors, shape, m: int, gen, unnamed: bool):
     from slim_kernel import tune
     from slim_kernel.timing import DecodeStep
 
-    tp = tune.Point(shape, m, gen.device, gen)
+    tp = tune.Workload(shape, m, gen.device, gen)
     anchor_impls = {n: f for n, f in anchors.for_shape(shape, tp).items() if (shape, n) not in FAILED}
     anchor_impls = {n: f for n, f in anchor_impls.items() if check(report, tp, n, f)}
     rows = []
@@ -240,6 +238,8 @@ def run_unnamed_tune(report, measured: list, unnamed: list, ms: list[int]) -> No
 
 
 def main(argv=None) -> int:
+    from slim_kernel.models import MEASURED_MS
+
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", help="the report to write (required unless --warm-anchors)")
     ap.add_argument("--png")
@@ -250,7 +250,7 @@ def main(argv=None) -> int:
     ap.add_argument("--unnamed-router", action="append", default=[], metavar="E,K,out")
     ap.add_argument("--unnamed-fused-a", action="append", default=[], metavar="N,K")
     ap.add_argument("--ms", default="1-16", help="M values of the decode tables")
-    ap.add_argument("--large-ms", default=",".join(map(str, LARGE_MS)), help="M past the anchors' window ('' for none)")
+    ap.add_argument("--large-ms", default=",".join(str(m) for m in MEASURED_MS if m > 16), help="M past the anchors' window ('' for none)")
     ap.add_argument("--unnamed-ms", help="M values of the --unnamed-* shapes (default: --ms and --large-ms)")
     ap.add_argument("--table", help="also write the regenerated routing table here")
     ap.add_argument("--summary", help="also write decode_step_summary.json here (rows of other versions kept)")
@@ -292,7 +292,7 @@ def main(argv=None) -> int:
         from slim_kernel import tune
 
         points = [(s, m) for s in named for m in named_ms] + [(s, m) for s in unnamed for m in unnamed_ms]
-        tune.precompile(points, torch.device("cuda", torch.cuda.current_device()))
+        tune.prebuild(points, torch.device("cuda", torch.cuda.current_device()))
         measured = []
         for shape in named + unnamed:
             for m in (unnamed_ms if shape in unnamed else named_ms):

@@ -23,7 +23,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "python"), str(ROOT / "benchmark")]
 
-from slim_kernel import models  # noqa: E402
+from slim_kernel import models, routing  # noqa: E402
 from slim_kernel.jit import catalogue as cat  # noqa: E402
 from slim_kernel.jit.catalogue import SMEM_PER_SM, SMEM_RESERVED_PER_CTA  # noqa: E402
 from slim_kernel.jit.runtime import carveout_percent  # noqa: E402
@@ -40,9 +40,9 @@ def capacity(nbytes: float) -> int:
 def points(table: dict, flashinfer: str, room: int, sms: int, per_sm: int) -> dict:
     """``{(op, (n, k, out), m): {candidate}}``: the picks whose carveout ``room`` changes, and GLM-5's shapes."""
     out: dict = {}
-    for e in table["entries"]:
+    for e in routing.flat_entries(table):
         pick = min(e["us"], key=e["us"].get)
-        if e["flashinfer"] != flashinfer or e["m"] > 16 or not pick.startswith("jit:"):
+        if dict(e["versions"]).get("flashinfer") != flashinfer or e["m"] > 16 or not pick.startswith("jit:"):
             continue
         shape, op, m = e["shape"], e["op"], e["m"]
         n, k = shape.get("n", shape.get("e")), shape["k"]
@@ -56,7 +56,7 @@ def points(table: dict, flashinfer: str, room: int, sms: int, per_sm: int) -> di
         if pct is not None and capacity(min(per_sm // block, -(-ctas // sms)) * block) != capacity(pct * per_sm / 100):
             out.setdefault((op, (n, k, shape.get("out", "bfloat16")), m), set()).add(pick)
     for key in GLM5:
-        out.setdefault(key, set()).add("jit:stream_r2" if key[0] == models.FUSED_A else "jit:narrow_r2k6c")
+        out.setdefault(key, set()).add("jit:stream_r32w4p2" if key[0] == models.FUSED_A else "jit:narrow_r2t384k6c104")
     return out
 
 
@@ -94,7 +94,7 @@ def measure(todo: dict, room: int, sglang: str | None) -> list[dict]:
     for key, names in sorted(todo.items(), key=lambda kv: (kv[0] not in GLM5, kv[0])):
         op, (n, k, out), m = key
         shape = models.router(n, k, out) if op == models.ROUTER else models.fused_a(n, k)
-        tp = tune.Point(shape, m, dev, gen)
+        tp = tune.Workload(shape, m, dev, gen)
         extra = columns(anchors.for_shape(shape, tp)) if key in GLM5 else {}
         for producer, fn in (("plain", tp.producers["plain"]), ("pdl", tp.producers["pdl"]),
                              ("fadd", fadd_producer(tp, gen))):

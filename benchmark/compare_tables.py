@@ -28,13 +28,13 @@ def main() -> int:
     for path in (args.a, args.b):
         try:
             data[path] = json.loads(path.read_text())
-            tables[path] = routing.Table(data[path], str(path))
+            tables[path] = routing.parse(data[path], str(path))[0]
         except (OSError, ValueError, TypeError, KeyError) as exc:
             print(f"compare_tables: {path}: {exc}", file=sys.stderr)
             return 2
     lines = []
     for mine, other in ((args.a, args.b), (args.b, args.a)):
-        costs = tune.pick_costs(data[mine]["entries"], tables[other])
+        costs = tune.pick_costs(routing.flat_entries(data[mine]), tables[other])
         lines.append(f"{mine.name}: " + (tune.describe_costs(costs, other.name) if costs
                                          else f"no point in common with {other.name}"))
     print("\n".join(lines))  # one write: `| head -1` does not break the pipe mid-way

@@ -31,11 +31,11 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "python"))
-from slim_kernel.jit.catalogue import VARIANTS, variant_serves  # noqa: E402  (torch-free)
-from slim_kernel.names import FLASHINFER_FUSED_A_PROGRAMS as FLASHINFER_PROGRAMS  # noqa: E402
+from slim_kernel import backend, routing  # noqa: E402
 
-SCHEMA = 1
+SCHEMA = 1  # of the summary (the table is routing.SCHEMA)
 TIE = 0.02  # within 2%: what one run's repeat-to-repeat spread allows calling a tie
+ARCH = "sm_90"  # the arch of the committed runs (a run that names its own arch keeps it)
 TABLE = ROOT / "python" / "slim_kernel" / "tables" / "routing_sm90.json"
 RESULTS_DIR = ROOT / "benchmark" / "results" / "h200"
 # the runs the shipped table comes from; a version's later files replace its earlier ones point by point
@@ -71,20 +71,18 @@ def winner(ratio: float, best_anchor: str) -> str:
 
 
 def candidates(op: str, us: dict, shape: dict) -> dict:
-    """Table candidates of one decode-step row (``shape``: its N or E, K and M): our columns (JIT
-    configurations no longer in the catalogue, or no longer serving this M at this shape, and
-    unknown flashinfer programs left out)."""
+    """Table candidates of one decode-step row (``shape``: its N or E, K and M): our columns, each a
+    candidate its backend still offers at this M and shape (``Backend.offers``: a configuration no longer
+    in the catalogue, or no longer serving there, and an unknown program are left out)."""
     m, nk = shape["m"], (shape.get("e", shape.get("n")), shape["k"])
     out = {}
     for name, value in us.items():
         if value is None or is_anchor(name) or name.startswith("default"):
             continue
-        backend, _, variant = name.partition(":")
-        if backend == "jit" and not (variant in VARIANTS[op] and variant_serves(VARIANTS[op][variant], op, m, nk)):
-            continue
-        if backend == "flashinfer" and variant and variant not in FLASHINFER_PROGRAMS:
-            continue
-        out[name] = round(value, 3)
+        unit, variant = backend.split(name)
+        if unit in backend.NAMES and backend.get(unit).offers(op, variant, m, nk):
+            variant = backend.get(unit).canonical(op, variant)  # a run made before a rename: today's name
+            out[f"{unit}:{variant}" if variant else unit] = round(value, 3)
     return out
 
 
@@ -94,15 +92,24 @@ def _decode_rows(report: dict):
             yield row
 
 
+def group_header(report: dict) -> dict:
+    """The measurement group a run's rows form: its device (name, arch, SM count, read bandwidth) and the
+    version of each versioned backend's library."""
+    header = {"device": report.get("device", ""), "arch": report.get("arch", ARCH), "sms": report.get("sms") or None}
+    if report.get("hbm_read_GBps"):
+        header["memory_gbps"] = round(report["hbm_read_GBps"])
+    header["versions"] = {name: report.get("versions", {}).get(name, routing.NOT_INSTALLED) for name in backend.DISTS}
+    return header
+
+
 def table_entries(report: dict, unnamed: bool = True) -> list[dict]:
     """The table entries of a run's rows (``unnamed`` False: not those of its ``--unnamed-*`` shapes)."""
-    version = report["versions"].get("flashinfer", "not installed")
     entries = []
     for row in _decode_rows(report):
         us = candidates(row["op"], row["us"], row["shape"])
         if us and (unnamed or not row.get("unnamed")):
             entries.append({"op": row["op"], "shape": {k: v for k, v in row["shape"].items() if k != "m"},
-                            "m": row["shape"]["m"], "flashinfer": version, "pdl": row["producer"] == "pdl", "us": us})
+                            "m": row["shape"]["m"], "pdl": row["producer"] == "pdl", "us": us})
     return entries
 
 
@@ -111,14 +118,15 @@ def _row_key(row: dict) -> tuple:
 
 
 def merge_reports(reports: list[dict]) -> list[dict]:
-    """One report per flashinfer version: later reports' rows replace earlier ones' at the same point."""
-    merged: dict[str, dict] = {}
+    """One report per device and version set (a measurement group): later reports' rows replace earlier
+    ones' at the same point."""
+    merged: dict[tuple, dict] = {}
     for rep in reports:
-        version = rep["versions"].get("flashinfer", "not installed")
-        if version not in merged:
-            merged[version] = {**rep, "rows": list(rep["rows"])}
+        key = _group_key(group_header(rep))
+        if key not in merged:
+            merged[key] = {**rep, "rows": list(rep["rows"])}
             continue
-        base = merged[version]
+        base = merged[key]
         index = {_row_key(r): i for i, r in enumerate(base["rows"])}
         for row in rep["rows"]:
             at = index.get(_row_key(row))
@@ -131,25 +139,39 @@ def merge_reports(reports: list[dict]) -> list[dict]:
 
 
 def _entry_key(e: dict) -> tuple:
-    return e["op"], json.dumps(e["shape"], sort_keys=True), e["m"], e["flashinfer"], e["pdl"]
+    return e["op"], json.dumps(e["shape"], sort_keys=True), e["m"], e["pdl"]
+
+
+def _group_key(group: dict) -> tuple:
+    return group["device"], group["sms"], json.dumps(group["versions"], sort_keys=True)
 
 
 def build_table(reports: list[dict], old: dict | None, generated_by: str, per_point: bool = False,
                 unnamed: bool = True) -> dict:
-    """The table of ``reports``' rows (``unnamed`` False: their named shapes' only); of ``old``, the entries
-    of other flashinfer versions, or with ``per_point`` every entry at a point the reports did not measure
-    (a run of a few shapes refining a table)."""
-    new = [e for r in reports for e in table_entries(r, unnamed)]
-    versions, points = {e["flashinfer"] for e in new}, {_entry_key(e) for e in new}
-    kept = [e for e in (old or {}).get("entries", [])
-            if (_entry_key(e) not in points if per_point else e["flashinfer"] not in versions)]
-    sources = {**(old or {}).get("sources", {}), **{r["versions"].get("flashinfer", "not installed"): r["command"]
-                                                    for r in reports}}
-    entries = sorted(kept + new, key=lambda e: (e["op"], sorted(e["shape"].items()), e["m"], e["flashinfer"],
-                                               not e["pdl"]))
-    first = reports[0] if reports else old or {}
-    return {"schema": SCHEMA, "arch": "sm_90", "device": first.get("device", ""), "sms": first.get("sms") or None,
-            "generated_by": generated_by, "sources": sources, "entries": entries}
+    """The table (``routing.SCHEMA``) of ``reports``' rows (``unnamed`` False: their named shapes' only), one
+    measurement group per device and version set; of ``old`` (v2 or v1), the groups of other devices and
+    version sets, or with ``per_point`` every entry at a point the reports did not measure (a run of a few
+    shapes refining a table)."""
+    merged: dict[tuple, dict] = {}
+    for group in routing.groups(old) if old else []:
+        merged[_group_key(group)] = {**{k: v for k, v in group.items() if k != "entries"},
+                                     "entries": {_entry_key(e): {k: v for k, v in e.items() if k in routing.ENTRY_KEYS}
+                                                 for e in group["entries"]}}
+    fresh: set[tuple] = set()
+    for report in reports:
+        header = group_header(report)
+        key = _group_key(header)
+        if key not in fresh and (key not in merged or not per_point):
+            merged[key] = {**header, "entries": {}}
+        fresh.add(key)
+        group = merged[key]
+        group["command"] = report["command"]
+        group["entries"].update((_entry_key(e), e) for e in table_entries(report, unnamed))
+    order = lambda g: (g["device"], g["sms"] or 0, [(n, routing.version_key(v)) for n, v in sorted(g["versions"].items())])  # noqa: E731
+    groups = [{**g, "entries": sorted(g["entries"].values(), key=lambda e: (e["op"], sorted(e["shape"].items()),
+                                                                           e["m"], not e["pdl"]))}
+              for g in sorted(merged.values(), key=order)]
+    return {"schema": routing.SCHEMA, "generated_by": generated_by, "measurements": groups}
 
 
 def summary_rows(report: dict) -> list[dict]:
@@ -210,9 +232,16 @@ def summary_markdown(rows: list[dict], producer: str = "plain") -> str:
 
 
 def dumps_table(table: dict, key: str = "entries") -> str:
-    """A table (or the summary: ``key="rows"``) as JSON with one entry per line (reviewable diffs,
-    small files)."""
-    head = {k: v for k, v in table.items() if k != key}
+    """A table (or the summary: ``key="rows"``) as JSON with one entry per line (reviewable diffs, small
+    files); a v2 table's measurement groups each as their header, then their entries one per line."""
+    head = {k: v for k, v in table.items() if k not in (key, "measurements")}
+    if "measurements" in table:
+        parts = []
+        for group in table["measurements"]:
+            inner = json.dumps({k: v for k, v in group.items() if k != "entries"}, separators=(", ", ": "))
+            lines = [json.dumps(e, separators=(",", ":")) for e in group["entries"]]
+            parts.append(f"  {inner[:-1]}, \"entries\": [\n   " + ",\n   ".join(lines) + "\n  ]}")
+        return json.dumps(head, indent=1)[:-2] + ',\n "measurements": [\n' + ",\n".join(parts) + "\n ]\n}\n"
     lines = [json.dumps(e, separators=(",", ":")) for e in table[key]]
     return json.dumps(head, indent=1)[:-2] + f',\n "{key}": [\n  ' + ",\n  ".join(lines) + "\n ]\n}\n"
 
@@ -242,7 +271,7 @@ def main(argv=None) -> int:
     table = build_table(reports, old, "python benchmark/make_routing.py " + " ".join(names))
     table_path.parent.mkdir(parents=True, exist_ok=True)
     table_path.write_text(dumps_table(table))
-    print(f"{len(table['entries'])} routing entries -> {table_path}")
+    print(f"{sum(len(g['entries']) for g in table['measurements'])} routing entries -> {table_path}")
     summary = Path(args.summary) if args.summary else SUMMARY if committed else None
     if summary is not None:
         data = merge_summary(summary, reports) if not committed else {
@@ -254,9 +283,9 @@ def main(argv=None) -> int:
 
         firsts = {}
         for p in paths:
-            firsts.setdefault(read_json(p)["versions"].get("flashinfer", "not installed"), p)
+            firsts.setdefault(_group_key(group_header(read_json(p))), p)
         for rep in reports:
-            png = firsts[rep["versions"].get("flashinfer", "not installed")].with_suffix(".png")
+            png = firsts[_group_key(group_header(rep))].with_suffix(".png")
             replot(rep, png)
             print(f"plot of {len(rep['rows'])} rows -> {png}")
     return 0

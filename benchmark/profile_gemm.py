@@ -91,7 +91,7 @@ def main() -> int:
     plan = []
     for shape, ms in cases:
         for m in ms:
-            tp = tune.Point(shape, m, gen.device, gen)
+            tp = tune.Workload(shape, m, gen.device, gen)
             impls = implementations(tp, anchors, args.after != "plain")
             # The producers too (`producer:pdl` = the RMSNorm the decode step runs before the GEMM):
             # their launch resources decide what of ours fits beside them on an SM.

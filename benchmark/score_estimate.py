@@ -12,9 +12,9 @@ measured time over the best anchor's (points above 1.10x, the worst) and over ou
 (geometric mean regret):
   * unnamed: the rows marked ``unnamed`` (shapes the table lacks), estimated from the whole table;
   * leave-one-shape-out: every shape of BENCH, estimated from the table without that shape.
-No GPU: ``slim_kernel.estimate`` is torch-free. Where the installed flashinfer is the version the rows were
+No GPU (a CPU torch: the backends that give the estimate its grids import it). Where the installed flashinfer is the version the rows were
 measured with, the estimate places flashinfer's fused-A call as the program that release runs, as selection does
-(``routing.flashinfer_tiles``: imports torch and flashinfer); otherwise that call is scored as opaque, and the
+(``backend.Geometry.installed``: imports torch and flashinfer); otherwise that call is scored as opaque, and the
 first line says which.
 """
 
@@ -29,7 +29,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
 from make_routing import merge_reports, read_json  # noqa: E402
 
-from slim_kernel import estimate, routing  # noqa: E402
+from slim_kernel import backend, estimate, routing  # noqa: E402
 
 
 def _shape(row: dict) -> dict:
@@ -39,10 +39,11 @@ def _shape(row: dict) -> dict:
 def _score(rows: list[dict], tables_for, device, flashinfer: str, listing: bool) -> tuple[int, float, float]:
     over, worst, log_regret = 0, 0.0, 0.0
     readable = _programs_readable(flashinfer)
-    tiles = {op: routing.flashinfer_tiles(op, device, flashinfer) if readable else None for op in {r["op"] for r in rows}}
+    geometry = {op: backend.Geometry.installed(op, device.arch) if readable else backend.Geometry()
+                for op in {r["op"] for r in rows}}
     for r in rows:
         d = estimate.estimate(r["op"], _shape(r), r["shape"]["m"], r["producer"] == "pdl", device, tables_for(r),
-                              flashinfer, tiles[r["op"]])
+                              (("flashinfer", flashinfer),), geometry[r["op"]])
         if d is None:  # nothing to estimate from: selection runs the priority order, as the run's default did
             pick, us = "priority order", r["us"]["default"]
         else:  # the first candidate of the ranking that runs at this shape (selection skips the others)
@@ -59,7 +60,7 @@ def _score(rows: list[dict], tables_for, device, flashinfer: str, listing: bool)
 
 def _programs_readable(flashinfer: str) -> bool:
     """Whether the installed flashinfer is the measured one (its fused-A programs then place its call)."""
-    return routing.flashinfer_version() == flashinfer
+    return dict(routing.installed_versions()).get("flashinfer") == flashinfer
 
 
 def main() -> int:
@@ -71,21 +72,20 @@ def main() -> int:
     ap.add_argument("--list", action="store_true", help="also print every point over 1.10x")
     args = ap.parse_args()
     reports = merge_reports([read_json(p) for p in args.bench])
-    matching = [r for r in reports if r["versions"].get("flashinfer") == args.flashinfer]
+    matching = [r for r in reports if r.get("versions", {}).get("flashinfer") == args.flashinfer]
     if len(reports) > 1 and not matching:
         ap.error(f"no BENCH file was measured with flashinfer {args.flashinfer}")
     bench = (matching or reports)[0]
     data = json.loads(Path(args.table).read_text())
-    device = routing.Device(bench.get("device", "NVIDIA H200"), int(bench.get("sms", 132)), data["arch"])
+    whole = routing.parse(data, args.table)[:1]
+    device = routing.Device(bench.get("device", "NVIDIA H200"), int(bench.get("sms", 132)), whole[0].arch)
     rows = [r for r in bench["rows"] if r["producer"] == args.producer]
-    whole = [routing.Table(data, args.table)]
     without: dict[tuple, list] = {}
 
     def loso(r: dict) -> list:
         key = (r["op"], tuple(sorted(_shape(r).items())))
         if key not in without:
-            rest = [e for e in data["entries"] if (e["op"], tuple(sorted(e["shape"].items()))) != key]
-            without[key] = [routing.Table(data | {"entries": rest}, args.table)]
+            without[key] = [whole[0].subset(lambda p: (p.op, p.shape) != key)]
         return without[key]
 
     how = (f"read from the installed {args.flashinfer}" if _programs_readable(args.flashinfer)

@@ -122,7 +122,7 @@ def main() -> int:
     rows, missing = [], set()
     for shape, ms in cases:
         for m in ms:
-            tp = tune.Point(shape, m, gen.device, gen)
+            tp = tune.Workload(shape, m, gen.device, gen)
             for after in args.after.split(","):
                 if after not in tp.producers:
                     missing.add(after)

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from slim_kernel.backend import Geometry
 from slim_kernel.backends import jit as jb
 from slim_kernel.jit import catalogue as cat
 from slim_kernel.jit import routed
@@ -128,7 +129,7 @@ def test_one_round_narrow_bodies_are_fitted_to_smaller_k():
     at_7168 = cat.first_alike(ROUTER, 5, "float32", (256, 7168), 132)
     assert at_7168["narrow_r2t768k6"] == "narrow_r2t768k6" and at_7168["narrow_r2t896"] == "narrow_r2t896"
     # at K = 7168 the K = 6144 pair runs one generic body (the cap is the straight-line body's): alike too
-    assert {name: first for name, first in at_7168.items() if first != name} == {"narrow_r2k6c": "narrow_r2k6"}
+    assert {name: first for name, first in at_7168.items() if first != name} == {"narrow_r2t384k6c104": "narrow_r2t384k6"}
     assert cat.first_alike(ROUTER, 12, "float32", (256, 6144), 132)["narrow_r2t768k6"] == "narrow_r2t768k6"
     assert "narrow_r2t896" not in cat.first_alike(ROUTER, 12, "float32", (256, 6144), 132)  # M past its window
     # the window follows the body: generic_tokens where the shape gets the generic one
@@ -292,9 +293,50 @@ def test_narrow_registers_stop_at_the_block_bound_and_the_cap():
 
 
 def test_the_estimate_places_narrow_ctas_by_their_registers():
-    from slim_kernel import estimate
 
     # M=5, two rows per CTA (48 registers): 320 threads fit 4 CTAs per SM, one wave of 528 at 1056x2560;
-    # 384 threads fit 3, so 1088x3072's 544 CTAs take two (run 132: 1.19x the best anchor there, 0.92x at 1056x2560)
-    assert estimate.grid(FUSED_A, "jit:narrow_r2t896", 1056, 2560, 5, 132) == (528, 528)
-    assert estimate.grid(FUSED_A, "jit:narrow_r2t896", 1088, 3072, 5, 132) == (544, 396)
+    # 384 threads fit 3, so 1088x3072's 544 CTAs take two (1.19x the best anchor there, 0.92x at 1056x2560)
+    assert Geometry().grid(FUSED_A, "jit:narrow_r2t896", 1056, 2560, 5, 132) == (528, 528)
+    assert Geometry().grid(FUSED_A, "jit:narrow_r2t896", 1088, 3072, 5, 132) == (544, 396)
+
+
+def test_per_arch_limits_come_from_one_table():
+    from slim_kernel.jit.arch import LIMITS, limits
+
+    assert limits("sm_90a").smem_per_block == cat.MAX_SMEM == 227 * 1024 and limits("9.0").sms == 132
+    assert limits("sm_100a").sms == 148
+    assert limits("sm_120a").smem_per_block == 99 * 1024 and limits("12.0a").threads_per_sm == 1536
+    # an architecture not in the table gets the most restrictive limits there, never sm_90's by default
+    assert limits("sm_110a") == min(LIMITS.values(), key=lambda lim: lim.smem_per_block) == limits("sm_120")
+    # configurations that need more than sm_120's 99 KiB per CTA exist: the JIT backend declines them there
+    assert any(cfg.smem(16) > limits("sm_120").smem_per_block
+               for op in cat.VARIANTS for cfg in cat.VARIANTS[op].values() if cat.variant_serves(cfg, op, 16))
+
+
+def test_variant_names_follow_one_rule_and_old_names_stay_aliases():
+    import re
+
+    rule = re.compile(r"(skinny|narrow|ring|direct|stream)(_([rtnkcsawp]\d+|[gl])+)?")
+    for op, named in cat.VARIANTS.items():
+        for name in named:
+            assert rule.fullmatch(name), f"{op} {name}"
+        for old, new in cat.ALIASES[op].items():
+            assert old not in dict(named) and new in dict(named)  # aliases are not listed, only found
+            assert named[old] is named[new] and named.get(old) is named[new] and old in named
+    # an old name in a routing table or a tool binds the same configuration
+    assert jb.config_for(ROUTER, 10, "direct_c8")[1] is cat.VARIANTS[ROUTER]["direct_s8"]
+    assert cat.VARIANTS[FUSED_A]["stream_r2"].rt == 2 and cat.VARIANTS[ROUTER]["narrow_r2k6c"].regs == 104
+
+
+def test_family_ids_have_one_home_the_entry_points_agree():
+    import re
+
+    ids = {cls.kernel: cls.family for cls in cat.FAMILIES.values()}
+    assert sorted(ids.values()) == list(range(len(ids)))
+    for op, (source, _) in cat.SOURCES.items():
+        text = (Path(cat.__file__).parent / "kernels" / source).read_text()
+        listed = dict((name, int(i)) for i, name in re.findall(r"(\d) (skinny|narrow|ring|direct|stream)",
+                                                                  text.split("SK_FAMILY", 2)[2].splitlines()[0]))
+        assert listed and all(ids[name] == i for name, i in listed.items()), (source, listed)
+        served = {cfg.kernel for cfg in cat.VARIANTS[op].values()}
+        assert served <= set(listed), (source, served)

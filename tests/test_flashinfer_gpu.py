@@ -217,14 +217,13 @@ def test_the_estimate_names_the_program_flashinfer_runs(nk, m):
     # reference kernel where it picks none; a pinned program's tile is that program's.
     import flashinfer.gemm.routergemm as rg
 
-    from slim_kernel import routing
     from slim_kernel.backends import flashinfer as fb
     from slim_kernel.names import FUSED_A
 
     n, k = nk
-    assert routing.flashinfer_tiles(FUSED_A, routing.Device("x", 132, "sm_90"), metadata.version("flashinfer-python")) \
-        is fb.fused_a_tile
+    assert fb.BACKEND.reader(FUSED_A, "sm_90") is fb.fused_a_tile
     tile = fb.fused_a_tile(m, n, k)
+    assert fb.BACKEND.health() == []  # every private read worked on this release
     if not hasattr(rg, "_tinygemm2_wgmma_program"):  # before 0.7.4: one kernel serves every call
         assert tile == fb.REFERENCE_TILE
         return

@@ -132,7 +132,9 @@ def test_fused_a_tile_reads_the_installed_dispatch(fake_flashinfer, monkeypatch)
     assert fb.fused_a_tile(2, 256, 7168) == fb.FusedATile("CLUSTER_S8U8", 8, 16, 199168, 4)  # a cluster of 4 per tile
     assert fb.fused_a_tile(3, 2112, 7168) == fb.REFERENCE_TILE  # no window admits it: the reference kernel
     assert fb.fused_a_tile(1, 2112, 7168, "s8il") == fb.FusedATile("PACKED_S8_IL", 8, 16, 101376, 1)
-    assert fb.fused_a_tile(1, 2112, 7168, "cn16") is None  # a program whose tile its table does not name: unreadable
+    with pytest.warns(RuntimeWarning, match="tile table of program ACCUMULATORS_CN16_NOBIAS cannot be read"):
+        assert fb.fused_a_tile(1, 2112, 7168, "cn16") is None  # a program whose tile its table does not name
+    assert any("ACCUMULATORS_CN16_NOBIAS" in line for line in fb.BACKEND.health())  # what `info` lists
     monkeypatch.setenv("FLASHINFER_DISABLE_TINYGEMM2_WGMMA", "1")
     fb.fused_a_tile.cache_clear()
     assert fb.fused_a_tile(1, 2112, 7168) == fb.REFERENCE_TILE  # its switch is off: the reference kernel serves
@@ -141,4 +143,5 @@ def test_fused_a_tile_reads_the_installed_dispatch(fake_flashinfer, monkeypatch)
     assert fb.fused_a_tile(1, 2112, 7168) == fb.REFERENCE_TILE and fb.fused_a_tile(1, 2112, 7168, "s8il") is None
     monkeypatch.delattr(rg, "get_tinygemm2_module")  # a layout this does not know
     fb.fused_a_tile.cache_clear()
-    assert fb.fused_a_tile(1, 2112, 7168) is None
+    with pytest.warns(RuntimeWarning, match="fused-A dispatch cannot be read"):
+        assert fb.fused_a_tile(1, 2112, 7168) is None

@@ -98,11 +98,11 @@ def test_picks_cover_both_launch_contexts_under_auto(monkeypatch):
     import torch
 
     import slim_kernel.ops  # noqa: F401
-    from slim_kernel import info, knobs, registry, routing
+    from slim_kernel import devices, info, knobs, registry, routing
 
     monkeypatch.setattr(registry, "arch", lambda device: "sm_90")
     monkeypatch.setattr(registry, "_capability", lambda index: (9, 0))
-    monkeypatch.setattr(registry, "routing_device", lambda device: routing.Device("NVIDIA H200", 132, "sm_90"))
+    monkeypatch.setattr(devices, "routing_device", lambda device: routing.Device("NVIDIA H200", 132, "sm_90"))
     old = knobs.pdl_setting()
     try:
         knobs.set_pdl("auto")
@@ -116,14 +116,14 @@ def test_picks_cover_both_launch_contexts_under_auto(monkeypatch):
 
 @pytest.mark.parametrize("installed,note", [("0.7.5", True), ("0.7.4", False), (None, False)])
 def test_info_names_a_flashinfer_outside_the_measured_versions(in_process, monkeypatch, installed, note):
-    from slim_kernel import routing
+    from slim_kernel import info, routing
 
-    monkeypatch.setattr(routing, "flashinfer_version", lambda: installed)
+    monkeypatch.setattr(info, "_version", lambda dist: installed if dist == "flashinfer-python" else None)
     code, out = in_process("--json")
     notes = json.loads(out)["notes"]
     assert code == 0 and bool(notes) is note
     if note:
-        measured = ", ".join(routing.table("sm_90").versions)
+        measured = ", ".join(routing.table("sm_90").versions_of("flashinfer"))
         assert notes == [f"flashinfer 0.7.5 is not one of the measured versions ({measured}): routing uses "
                          "the nearest measured version's numbers (the bmm_fp8 fast path checks itself)"]
         assert "  note: flashinfer 0.7.5 is not one of the measured versions" in in_process()[1]

@@ -19,7 +19,7 @@ from jit_fixtures import instances as fx
 
 import slim_kernel
 import slim_kernel.ops  # noqa: F401  (registers the ops' backends)
-from slim_kernel import cli, knobs, models, registry
+from slim_kernel import cli, devices, knobs, models, registry
 from slim_kernel.backends import jit as jb
 from slim_kernel.jit import cache, compiler, routed
 from slim_kernel.jit.catalogue import all_instances
@@ -136,7 +136,7 @@ def test_routed_variant_is_what_the_registry_binds(monkeypatch, name):
 
     h200 = routing.Device("NVIDIA H200", 132, "sm_90")
     monkeypatch.setattr(registry, "_capability", lambda index: (9, 0))
-    monkeypatch.setattr(registry, "routing_device", lambda device: h200)
+    monkeypatch.setattr(devices, "routing_device", lambda device: h200)
     dev = torch.device("cuda", 0)
     meta = torch.device("meta")
     for shape in models.model_shapes(name):

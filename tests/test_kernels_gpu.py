@@ -106,12 +106,13 @@ FUSED_A_SHAPES = [(2112, 7168), (3648, 7168), (2624, 6144), (1536, 5120), (2112,
 def _matrix_compiled_in_parallel():
     """Every instance the matrix runs, compiled first in parallel, as tune does (narrow configurations compile one
     per K and M: serially, on first call, their K-fitted bodies at the off-list shapes take minutes)."""
-    from slim_kernel import models, tune
+    from slim_kernel import backend, models
 
     shapes = [models.router(e, k, dt) for e, k in ROUTER_SHAPES for dt in cat.OUT_DTYPES[ROUTER]]
     shapes += [models.fused_a(n, k) for n, k in FUSED_A_SHAPES]
-    tune.precompile([(s, m) for s in shapes for m in SMALL_M + LARGE_M],
-                    torch.device("cuda", torch.cuda.current_device()))
+    calls = [(s.op, m, s.n, s.k, s.out) for s in shapes for m in SMALL_M + LARGE_M]
+    for load in backend.get("jit").first_use_builds(calls, torch.device("cuda", torch.cuda.current_device())).values():
+        load()
 
 
 @pytest.mark.parametrize("variant", ROUTER_VARIANTS)

@@ -1,4 +1,4 @@
-"""Several GPUs (issue 29; ``-m gpu``, needs 2 CUDA devices): every op with its tensors on one device while
+"""Several GPUs (``-m gpu``, needs 2 CUDA devices): every op with its tensors on one device while
 the other is current, both ways; eager, torch.compile'd, and captured in a CUDA graph on the tensors'
 device; PDL on, off and auto (the ``pdl`` fixture); each GEMM right after the kernel that writes its
 activation, a plain one or flashinfer's ``rmsnorm(enable_pdl=True)``; default routing and each backend

@@ -1,6 +1,6 @@
 """Hostile but fair op inputs (CPU): each gets a ValueError/TypeError naming the argument, or works.
 
-Covers issue 14's list: scales of rank > 1, meta tensors (shape propagation in eager), a backend
+Covers: scales of rank > 1, meta tensors (shape propagation in eager), a backend
 that is not a string, sparse / nested / mkldnn layouts, and a flashinfer install whose import
 raises something other than ImportError (a fallback with one warning, or a clear error when pinned).
 """

@@ -108,11 +108,11 @@ def test_routing_table_ranks_eligible_backends(fake_op, monkeypatch):
     from slim_kernel import routing
 
     op, _ = fake_op
-    tab = routing.Table({"schema": 1, "arch": "sm_90", "entries": [
+    tab = routing.parse({"schema": 1, "arch": "sm_90", "entries": [
         {"op": op, "shape": {"k": 4}, "m": 2, "flashinfer": "0.7.4", "pdl": True,
-         "us": {"jit:a": 5.0, "torch": 3.0}}]}, "test")
+         "us": {"jit:a": 5.0, "torch": 3.0}}]}, "test")[0]
     monkeypatch.setattr(registry, "decision", lambda o, d, args, pdl=None: tab.lookup(
-        o, {"k": args[1].shape[1]}, args[1].shape[0], "0.7.4", True if pdl is None else pdl))
+        o, {"k": args[1].shape[1]}, args[1].shape[0], (("flashinfer", "0.7.4"),), True if pdl is None else pdl))
     sel = registry.select(op, CPU, (None, torch.empty(2, 4)))
     assert sel.spec.backend is KernelBackend.TORCH and "torch 3.00 us" in sel.why
     assert _pick(op, 3) == "torch"  # M=3: the nearest measured M (2) decides
@@ -123,21 +123,21 @@ def test_routing_table_ranks_eligible_backends(fake_op, monkeypatch):
 def test_routing_table_nearest_version_and_m_never_another_shape():
     from slim_kernel import routing
 
-    tab = routing.Table({"schema": 1, "arch": "sm_90", "entries": [
+    tab = routing.parse({"schema": 1, "arch": "sm_90", "entries": [
         {"op": "o", "shape": {"n": 2112, "k": 7168}, "m": 1, "flashinfer": v, "pdl": True, "us": {"torch": t}}
-        for v, t in (("0.7.2.post1", 1.0), ("0.7.4", 2.0))]}, "test")
-    exact = tab.lookup("o", {"n": 2112, "k": 7168}, 1, "0.7.4", True)
+        for v, t in (("0.7.2.post1", 1.0), ("0.7.4", 2.0))]}, "test")[0]
+    exact = tab.lookup("o", {"n": 2112, "k": 7168}, 1, (("flashinfer", "0.7.4"),), True)
     assert exact.match == "exact" and exact.point.best("torch") == (None, 2.0)
-    old = tab.lookup("o", {"n": 2112, "k": 7168}, 1, "0.7.0", True)
-    assert old.point.flashinfer == "0.7.2.post1" and "0.7.2.post1 measurements" in old.match
+    old = tab.lookup("o", {"n": 2112, "k": 7168}, 1, (("flashinfer", "0.7.0"),), True)
+    assert old.point.version("flashinfer") == "0.7.2.post1" and "0.7.2.post1 measurements" in old.match
     # another shape is never borrowed (routing.lookup estimates it instead: estimate.py)
-    assert tab.lookup("o", {"n": 2000, "k": 7168}, 1, None, True) is None
-    near_m = tab.lookup("o", {"n": 2112, "k": 7168}, 5, "0.7.4", True)
+    assert tab.lookup("o", {"n": 2000, "k": 7168}, 1, (("flashinfer", "not installed"),), True) is None
+    near_m = tab.lookup("o", {"n": 2112, "k": 7168}, 5, (("flashinfer", "0.7.4"),), True)
     assert near_m.point.m == 1 and "nearest measured M=1" in near_m.match
-    assert tab.lookup("o", {"n": 2112, "k": 7168}, 10, "0.7.4", True) is None
-    assert tab.lookup("o", {"n": 2112, "k": 7168}, 1, "0.7.4", False) is None
+    assert tab.lookup("o", {"n": 2112, "k": 7168}, 10, (("flashinfer", "0.7.4"),), True) is None
+    assert tab.lookup("o", {"n": 2112, "k": 7168}, 1, (("flashinfer", "0.7.4"),), False) is None
     with pytest.raises(ValueError, match="schema"):
-        routing.Table({"schema": 99, "arch": "x", "entries": []}, "test")
+        routing.parse({"schema": 99, "arch": "x", "entries": []}, "test")[0]
 
 
 def test_bad_backend_argument_types():
@@ -154,12 +154,12 @@ def test_the_launch_context_picks_the_table_points(monkeypatch, fake_op):
     from slim_kernel import routing
 
     op, _ = fake_op
-    tab = routing.Table({"schema": 1, "arch": "sm_90", "entries": [
+    tab = routing.parse({"schema": 1, "arch": "sm_90", "entries": [
         {"op": op, "shape": {"k": 4}, "m": 2, "flashinfer": "0.7.4", "pdl": True, "us": {"jit:a": 2.0, "torch": 3.0}},
         {"op": op, "shape": {"k": 4}, "m": 2, "flashinfer": "0.7.4", "pdl": False, "us": {"jit:a": 5.0, "torch": 3.0}},
-    ]}, "test")
+    ]}, "test")[0]
     monkeypatch.setattr(registry, "decision", lambda o, d, args, pdl=None: tab.lookup(
-        o, {"k": args[1].shape[1]}, args[1].shape[0], "0.7.4", True if pdl is None else pdl))
+        o, {"k": args[1].shape[1]}, args[1].shape[0], (("flashinfer", "0.7.4"),), True if pdl is None else pdl))
     args = (None, torch.empty(2, 4))
     assert registry.select(op, CPU, args, pdl=True).spec.backend is KernelBackend.JIT
     assert registry.select(op, CPU, args, pdl=False).spec.backend is KernelBackend.TORCH

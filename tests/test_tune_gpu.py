@@ -78,14 +78,15 @@ def test_tuned_table_is_used_by_a_fresh_process_and_survives_failed_runs(tmp_pat
 
 
 def test_a_table_of_another_device_is_not_used(tmp_path):
-    from slim_kernel import registry, routing
+    from slim_kernel import devices, routing
 
-    rdev = registry.routing_device(torch.device("cuda", 0))
-    path = routing.tuned_path(rdev, routing.flashinfer_version(), tmp_path)
+    rdev = devices.routing_device(torch.device("cuda", 0))
+    path = routing.tuned_path(rdev, routing.installed_versions(), tmp_path)
     path.parent.mkdir(parents=True)
-    entry = {"op": "dsv3_router_gemm", "shape": {"e": 144, "k": 5120, "out": "float32"}, "m": 4,
-             "flashinfer": routing.flashinfer_version() or "not installed", "pdl": False, "us": {"torch": 1.0}}
-    path.write_text(json.dumps({"schema": 1, "arch": rdev.arch, "device": "NVIDIA H20", "sms": 78,
-                                "flashinfer": entry["flashinfer"], "entries": [entry]}))
+    entry = {"op": "dsv3_router_gemm", "shape": {"e": 144, "k": 5120, "out": "float32"}, "m": 4, "pdl": False,
+             "us": {"torch": 1.0}}
+    path.write_text(json.dumps({"schema": routing.SCHEMA, "measurements": [
+        {"arch": rdev.arch, "device": "NVIDIA H20", "sms": 78, "versions": dict(routing.installed_versions()),
+         "entries": [entry]}]}))
     pick = _pick(tmp_path, 4)
     assert pick["source"] != "tuned"

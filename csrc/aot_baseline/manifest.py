@@ -5,8 +5,9 @@
 Reads the kernel catalogue (``slim_kernel/jit/catalogue.py``, torch-free) of this source tree,
 not an installed copy, so the baseline always compiles the instance list of the sources it is
 built from: every configuration the routing tables may pick. Needs no torch and no GPU.
-``--subset``: the first instance of each op, kernel family and output dtype (10 of ~260: what the
-main job builds by default, in about a minute; the size report says so).
+``--subset``: the first instance of each op, kernel family and output dtype (a few of the catalogue's
+hundreds; ``selection`` counts both): what the main job builds by default, in about a minute; the size
+report says so.
 
 Format (read by csrc/aot_baseline/CMakeLists.txt with string(JSON)):
     {"format": 1, "selection": {"set": "full"|"subset", "instances", "catalogue", "rule", "per_op", "catalogue_per_op"},

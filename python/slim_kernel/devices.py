@@ -7,7 +7,7 @@ passes tensors on cuda:1, a capture on cuda:1's stream inside ``torch.cuda.devic
 1. The device is the first input's. Validation (``ops/<op>.py``) requires every tensor on it.
 2. Plans are keyed by device: the ops' plans (``ops/_dispatch.py``) by every tensor's device, the
    bmm_fp8 fast path's by ``A``'s index. Capability, arch and SM count are cached per index
-   (``registry.capability``, ``jit.arch_for_device``, ``backends/jit._sms``); the routing table
+   (``registry.capability``, ``jit.arch_for_device``, ``backends/jit._limits``); the routing table
    per arch.
 3. JIT kernels: the cubin cache is per arch (a cubin holds no device); a loaded kernel is per
    (instance, device index, launcher) (``jit.runtime.get_kernel``), loaded into that device's primary
@@ -26,9 +26,12 @@ passes tensors on cuda:1, a capture on cuda:1's stream inside ``torch.cuda.devic
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 import torch
+
+from .decision import Device
 
 _get_device = getattr(torch._C, "_cuda_getDevice", None)  # ~50 ns; torch.cuda.current_device() adds a lazy-init check
 
@@ -91,3 +94,14 @@ def on_device(fn: Callable, device: torch.device | None = None) -> Callable:
         with torch.cuda.device(fixed):
             return fn(*args)
     return run_on
+
+
+@functools.cache
+def _routing_device(index: int) -> Device:
+    props = torch.cuda.get_device_properties(index)
+    return Device(props.name, props.multi_processor_count, f"sm_{props.major}{props.minor}")
+
+
+def routing_device(device: torch.device) -> Device:
+    """The GPU as the routing tables key it (name, SM count, arch)."""
+    return _routing_device(device.index if device.index is not None else torch.cuda.current_device())

@@ -52,7 +52,7 @@ def _knobs() -> tuple[dict, list[str]]:
 
     def launcher():
         runtime.launcher_name()  # validates the value
-        return os.environ.get(runtime.ENV_LAUNCHER)
+        return os.environ.get(knobs.ENV_LAUNCHER)
 
     check(knobs.ENV_PDL, "pdl", pdl)
     check(knobs.ENV_JIT, knobs.ENV_JIT, knobs.jit_mode)
@@ -63,9 +63,10 @@ def _knobs() -> tuple[dict, list[str]]:
     for op in (ROUTER, FUSED_A):
         check(routed.env_var(op), routed.env_var(op),
               lambda op=op: os.environ.get(routed.env_var(op)) if routed.rules(op) else None)
-    for name in ("SLIM_KERNEL_JIT_COMPILER", "SLIM_KERNEL_CACHE_DIR", "SLIM_KERNEL_FLASHINFER_DIRECT"):
-        values[name] = os.environ.get(name)
-    check(runtime.ENV_LAUNCHER, runtime.ENV_LAUNCHER, launcher)
+    for name in knobs.VARIABLES:  # the rest, as set (each reader validates its own)
+        if name not in values and "<OP>" not in name and name != knobs.ENV_PDL:
+            values[name] = os.environ.get(name)
+    check(knobs.ENV_LAUNCHER, knobs.ENV_LAUNCHER, launcher)
     return values, errors
 
 
@@ -84,16 +85,15 @@ def _meta_args(op: str, shape: dict, m: int):
     return torch.empty(m, shape["n"], dtype=torch.bfloat16, device=meta), act, w.t()
 
 
-PICK_MS = (*range(1, 17), 17, 20, 24, 28, 32, 40, 48, 56, 64)  # the M values the benchmark measures
 
 
 def _pick_shapes(device) -> list[tuple[str, dict]]:
     """Every listed model's shapes, then any other shape a table (shipped or tuned) measured."""
-    from . import models, registry, routing
+    from . import devices, models, registry, routing
 
     shapes = [(s.op, s.key()) for s in models.all_shapes()]
     tables = [routing.table(registry.arch(device)),
-              routing.tuned_table(registry.routing_device(device), routing.flashinfer_version())]
+              routing.tuned_table(devices.routing_device(device), routing.installed_versions())]
     for tab in filter(None, tables):
         for op in (models.ROUTER, models.FUSED_A):
             shapes += [(op, shape) for shape in tab.shapes(op)]
@@ -104,14 +104,14 @@ def _picks(device) -> list[dict]:
     """What each op would run for every model shape and M, in each launch context the PDL knob
     allows (auto: both; slim_kernel.pdl), which source decided it (tuned, shipped or estimate)
     and why."""
-    from . import knobs, registry, routing
+    from . import knobs, models, registry
     from .models import Shape
 
     contexts = (True, False) if knobs.pdl_auto() else (knobs.pdl(),)
-    version, rows = routing.flashinfer_version(), []
+    version, rows = _version("flashinfer-python"), []
     for op, shape in _pick_shapes(device):
         for pdl in contexts:
-            for m in PICK_MS:
+            for m in models.MEASURED_MS:
                 args = _meta_args(op, shape, m)
                 order, _, dec = registry.ranked(op, device, args, pdl)
                 order = [s for s in order if s.probe is None or s.probe() is None]
@@ -129,17 +129,18 @@ def _picks(device) -> list[dict]:
 
 
 def _tables(device=None) -> dict:
-    from . import registry, routing
+    from . import devices, routing
 
     out = {}
-    tab = routing.table("sm_90")
-    out["sm_90"] = None if tab is None else {
-        "source": tab.source, "device": tab.device, "sms": tab.sms, "entries": len(tab.points),
-        "flashinfer_versions": tab.versions, "generated_by": tab.generated_by}
+    for arch in routing.shipped_archs():
+        tab = routing.table(arch)
+        out[arch] = None if tab is None else {
+            "source": tab.source, "device": tab.device, "sms": tab.sms, "entries": len(tab.points),
+            "flashinfer_versions": tab.versions_of("flashinfer"), "generated_by": tab.generated_by}
     if device is not None:
-        rdev = registry.routing_device(device)
-        path = routing.tuned_path(rdev, routing.flashinfer_version())
-        tuned = routing.tuned_table(rdev, routing.flashinfer_version())
+        rdev = devices.routing_device(device)
+        path = routing.tuned_path(rdev, routing.installed_versions())
+        tuned = routing.tuned_table(rdev, routing.installed_versions())
         out["tuned"] = {"path": str(path), "exists": path.exists(), "used": tuned is not None,
                         "entries": len(tuned.points) if tuned else 0}
     return out
@@ -149,10 +150,12 @@ def _flashinfer_note() -> str | None:
     """Why the routing numbers may not fit the installed flashinfer (the extra only has a lower bound)."""
     from . import routing
 
-    installed, tab = routing.flashinfer_version(), routing.table("sm_90")
-    if installed is None or tab is None or installed in tab.versions:
+    installed = _version("flashinfer-python")
+    measured = sorted({v for arch in routing.shipped_archs() for t in routing.tables(arch) for v in t.versions_of("flashinfer")},
+                      key=routing.version_key)
+    if installed is None or not measured or installed in measured:
         return None
-    return (f"flashinfer {installed} is not one of the measured versions ({', '.join(tab.versions)}): routing uses "
+    return (f"flashinfer {installed} is not one of the measured versions ({', '.join(measured)}): routing uses "
             "the nearest measured version's numbers (the bmm_fp8 fast path checks itself)")
 
 
@@ -168,6 +171,13 @@ def _coverage(devices: list, shapes: list | None) -> dict:
     listed = shapes or all_shapes()
     return {"shapes": "given" if shapes else "every model in slim_kernel/models.py", "archs": archs,
             "per_arch": [cache_coverage(arch, listed) for arch in archs]}
+
+
+def _backend_health() -> list[str]:
+    """Every registered backend's reads of private library internals that stopped working."""
+    from . import backend
+
+    return [line for name in backend.NAMES for line in backend.get(name).health()]
 
 
 def _fast_path() -> dict:
@@ -216,6 +226,7 @@ def collect(shapes: list | None = None) -> tuple[dict, list[str]]:
             entry["routing_tables"] = _tables(dev)
         entry["picks"] = _picks(dev) if dev.type == "cuda" and not errors else []
         report["devices"].append(entry)
+    report["notes"] += _backend_health()
     report["jit_cache_coverage"] = _coverage(devices, shapes) if not errors else None
     return report, errors
 

@@ -1,9 +1,11 @@
 """Run-time knobs and the one generation counter that invalidates every cached call plan.
 
-Torch-free. A knob change (PDL, JIT tile rules, a reloaded routing table) calls :func:`bump`;
-the ops' per-signature plans and the JIT backend's launch plans carry the generation they were
-made in and are rebuilt on the next call after a bump. ``SLIM_KERNEL_BACKEND_<OP>`` pins are
-part of the plan key (read per call), so they need no bump.
+Torch-free. Every run-time ``SLIM_KERNEL_*`` environment variable is declared here (:data:`VARIABLES`;
+the modules that read them import their names from here, and ``slim-kernel info`` lists them from
+here). A knob change (PDL, JIT tile rules, a reloaded routing table) calls :func:`bump`; the ops'
+per-signature plans and the JIT backend's launch plans carry the generation they were made in and are
+rebuilt on the next call after a bump. ``SLIM_KERNEL_BACKEND_<OP>`` pins are part of the plan key (read
+per call), so they need no bump.
 """
 
 from __future__ import annotations
@@ -18,6 +20,35 @@ JIT_MODES = ("compile", "cache-only", "cache-or-fallback")
 # Shared memory (bytes) each SM keeps free, beside our CTAs, for a CTA of the kernel before ours (0: the
 # driver's carveout choice); read when a call is planned (jit/runtime.py carveout_percent)
 ENV_SMEM_ROOM = "SLIM_KERNEL_SMEM_ROOM"
+ENV_CACHE_DIR = "SLIM_KERNEL_CACHE_DIR"
+ENV_COMPILER = "SLIM_KERNEL_JIT_COMPILER"
+ENV_LAUNCHER = "SLIM_KERNEL_LAUNCHER"
+ENV_FLASHINFER_DIRECT = "SLIM_KERNEL_FLASHINFER_DIRECT"
+ENV_TRACE = "SLIM_KERNEL_JIT_TRACE"
+# every run-time variable, in the order `slim-kernel info` lists them: name -> what it sets
+# (build-time variables, SLIM_KERNEL_NATIVE and SLIM_KERNEL_AOT_*, are CMake's and noxfile.py's)
+VARIABLES: dict[str, str] = {
+    ENV_PDL: "PDL launches: auto (after a PDL-aware kernel under capture), 1 or 0",
+    ENV_JIT: "a kernel missing from the JIT cache: compile, cache-only or cache-or-fallback",
+    ENV_SMEM_ROOM: "bytes of an SM's shared memory left for the kernel before ours",
+    "SLIM_KERNEL_BACKEND_<OP>": "pins an op's backend",
+    "SLIM_KERNEL_JIT_CONFIG_<OP>": "the JIT tile rules of an op (jit/catalogue.py parse_rules)",
+    ENV_COMPILER: "the JIT compiler: nvrtc or nvcc",
+    ENV_CACHE_DIR: "the cache directory (JIT cubins, tuned routing tables)",
+    ENV_FLASHINFER_DIRECT: "0: bmm_fp8 through flashinfer's public call only",
+    ENV_LAUNCHER: "the JIT launcher: native or python",
+    ENV_TRACE: "a file that gets one JSON line per JIT compile (tests, debugging)",
+}
+
+
+def backend_var(op: str) -> str:
+    """``SLIM_KERNEL_BACKEND_<OP>``: pins ``op``'s backend."""
+    return f"SLIM_KERNEL_BACKEND_{op.upper()}"
+
+
+def jit_config_var(op: str) -> str:
+    """``SLIM_KERNEL_JIT_CONFIG_<OP>``: ``op``'s JIT tile rules."""
+    return f"SLIM_KERNEL_JIT_CONFIG_{op.upper()}"
 SMEM_ROOM_DEFAULT = 32768  # a fused_add_rmsnorm CTA at hidden 7168 (28 KB) and the driver's 1 KB
 _FALSE = ("0", "false", "off", "no")
 _TRUE = ("1", "true", "on", "yes")

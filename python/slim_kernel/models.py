@@ -13,6 +13,9 @@ from dataclasses import dataclass
 
 from .names import FUSED_A, ROUTER
 
+MAX_M = 64  # the decode window the routing tables and the JIT kernels cover; larger M runs the ops' other backends
+MEASURED_MS = (*range(1, 17), 17, 20, 24, 28, 32, 40, 48, 56, 64)  # the M a campaign measures (bench_gemm.py)
+
 
 @dataclass(frozen=True)
 class Shape:

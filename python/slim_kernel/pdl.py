@@ -4,7 +4,7 @@ A launch with the PDL attribute after a producer that never triggers its depende
 elementwise kernel) buys nothing and cost ~0.2 us per GEMM in the H200 decode-step runs; after a
 PDL-aware producer (flashinfer's ``rmsnorm(enable_pdl=True)``) it hides the weight fetch behind the
 producer. Under capture the driver shows what the next node will depend on: a kernel that was
-itself launched with PDL has a programmatic in-edge (``benchmark/probe_capture.py``, run 16). So in
+itself launched with PDL has a programmatic in-edge (``benchmark/probe_capture.py`` shows it). So in
 ``auto`` mode (knobs.pdl_auto) a captured launch uses PDL exactly when its one predecessor has
 such an edge. A PDL-aware producer that is the first node of its graph has no edge and is not
 recognised (the launch then goes without PDL: correct, 0.5-1 us slower). Eager launches keep the

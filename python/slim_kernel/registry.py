@@ -29,7 +29,8 @@ from dataclasses import dataclass
 
 import torch
 
-from . import knobs, routing
+from . import backend, devices, knobs, routing
+from .errors import BackendUnavailableError, CallNotServed
 
 __all__ = [
     "BackendUnavailableError",
@@ -46,21 +47,7 @@ __all__ = [
 ]
 
 
-class BackendUnavailableError(RuntimeError):
-    """A pinned backend cannot serve a call, or no backend can (the message says why)."""
-
-
-class CallNotServed(BackendUnavailableError):
-    """Raised by a ``prepare`` target that declines this call (e.g. a JIT kernel missing from the
-    cache under ``SLIM_KERNEL_JIT=cache-or-fallback``): the next eligible backend serves it, with
-    one warning; a pinned backend raises it."""
-
-
-class KernelBackend(str, enum.Enum):
-    JIT = "jit"
-    FLASHINFER = "flashinfer"
-    TORCH = "torch"
-
+class _Names(str, enum.Enum):
     @classmethod
     def parse(cls, value, what: str) -> KernelBackend:
         if isinstance(value, KernelBackend):
@@ -75,6 +62,10 @@ class KernelBackend(str, enum.Enum):
     @classmethod
     def names(cls) -> str:
         return ", ".join(repr(b.value) for b in cls)
+
+
+# the registered backends (slim_kernel/backend.py REGISTERED), in priority order: KernelBackend.JIT, ...
+KernelBackend = _Names("KernelBackend", [(name.upper(), name) for name in backend.NAMES])
 
 
 # A per-call eligibility check gets the op's implementation arguments and returns None when
@@ -151,23 +142,11 @@ def arch(device: torch.device) -> str:
     return f"sm_{major}{minor}"
 
 
-@functools.cache
-def _routing_device(index: int) -> routing.Device:
-    props = torch.cuda.get_device_properties(index)
-    return routing.Device(props.name, props.multi_processor_count, f"sm_{props.major}{props.minor}")
-
-
-def routing_device(device: torch.device) -> routing.Device:
-    """The GPU as the routing tables key it (name, SM count, arch)."""
-    return _routing_device(device.index if device.index is not None else torch.cuda.current_device())
-
-
 def _fmt_sm(sm: tuple[int, int]) -> str:
     return f"{sm[0]}.{sm[1]}"
 
 
-def env_var(op: str) -> str:
-    return f"SLIM_KERNEL_BACKEND_{op.upper()}"
+env_var = knobs.backend_var  # SLIM_KERNEL_BACKEND_<OP>
 
 
 def pinned_backend(op: str, backend) -> tuple[KernelBackend | None, str]:
@@ -200,6 +179,8 @@ def _load(spec: KernelSpec) -> tuple[Callable | None, str | None]:
             fn = getattr(importlib.import_module(module_name), attr, None)
             if fn is None:
                 reason = f"{spec.target} does not exist"
+            else:
+                backend.get(spec.backend.value).load()  # the library it runs (a broken install fails here)
     except (Exception, SystemExit) as exc:  # noqa: BLE001 - a broken backend install is unavailable, not fatal
         fn, reason = None, f"{type(exc).__name__}: {exc}"
     if reason is not None:
@@ -221,7 +202,7 @@ def decision(op: str, device: torch.device, args: Sequence, pdl: bool | None = N
     if shape_key is None or device.type != "cuda":
         return None
     shape, m = shape_key(*args)
-    return routing.lookup(op, shape, m, knobs.pdl() if pdl is None else pdl, routing_device(device))
+    return routing.lookup(op, shape, m, knobs.pdl() if pdl is None else pdl, devices.routing_device(device))
 
 
 def _bind(spec: KernelSpec, fn: Callable, args: Sequence, dec: routing.Decision | None, pdl: bool | None) -> Callable:

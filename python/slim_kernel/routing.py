@@ -1,21 +1,24 @@
 """Where each call's fastest backend comes from: tuned, shipped and estimated routing tables.
 
-Torch-free. A table holds, per op, shape, M, flashinfer version and launch context (``pdl``), the
-measured µs per call of every candidate the registry can run (``jit:<variant>`` for each JIT
-configuration of ``jit/catalogue.py``, ``flashinfer`` (``flashinfer:<program>``), ``torch``),
-in the decode-step pattern. Selection (``registry.select``) ranks the eligible backends by the
-first source that has the call, in this order:
+Torch-free, and it imports no backend, no JIT module and no flashinfer: plain data. A table file
+(schema 2) holds measurement groups, each made on one device (name, arch, SM count, measured memory
+bandwidth) with one version of each versioned backend's library (``backend.DISTS``), and per op, shape,
+M and launch context (``pdl``) the measured µs per call of every candidate the registry can run
+(``<backend>`` or ``<backend>:<variant>``: a JIT configuration, a pinned library program), in the
+decode-step pattern. Schema 1 (one device, a ``flashinfer`` column per entry: tuned tables written
+before) is read as well. Selection (``registry.select``) ranks the eligible backends by the first
+source that has the call, in this order:
 
-1. **tuned**: the table ``slim-kernel tune`` measured on this device (in the cache directory,
-   keyed by device name, SM count and flashinfer version; another device's or version's is never
-   read). Its shapes and M exactly; a table that does not parse is refused with one warning.
-2. **shipped**: ``tables/routing_<arch>.json``, generated from the committed H200 decode-step runs
-   (``benchmark/make_routing.py``): the call's shape exactly, the installed flashinfer version or
-   the nearest measured one, the nearest measured M within 8. On a GPU with another SM count the
-   shipped numbers are not used as they are (step 3 re-derives them for this SM count); on another
-   GPU with the same SM count they are, marked as an estimate.
-3. **estimate**: for a shape no table measured (or another SM count), every candidate's µs from a
-   rule fitted on all measured shapes of the op (``estimate.py``), marked as an estimate.
+1. **tuned**: the table ``slim-kernel tune`` measured on this device (in the cache directory, keyed
+   by device name, SM count and library versions; another device's or version's is never read). Its
+   shapes and M exactly; a table that does not parse is refused with one warning.
+2. **shipped**: ``tables/routing_<arch>.json``, generated from the committed decode-step runs
+   (``benchmark/make_routing.py``), one table per measured device: this device's (by name), else one
+   of the same SM count (another GPU's numbers: marked as an estimate); the call's shape exactly, the
+   installed versions or the nearest measured ones, the nearest measured M within 8.
+3. **estimate**: for a shape no table measured, or a device no shipped table matches, every
+   candidate's µs from the measured shapes of the op (``estimate.py``; the shipped table of the
+   nearest SM count), marked as an estimate.
 4. nothing: the op's priority order.
 
 ``slim-kernel info`` says which source decides each shape and M, and that ``slim-kernel tune``
@@ -28,150 +31,175 @@ import json
 import math
 import re
 import warnings
-from dataclasses import dataclass
 from functools import cache
-from importlib import metadata, resources
+from importlib import resources
 from pathlib import Path
 
-SCHEMA = 1
+from . import backend, knobs, paths
+from .decision import Decision, Device, Point, shape_items, versions_text
+from .estimate import estimate
+from .models import MAX_M
+
+SCHEMA = 2  # v2: measurement groups, each one device and a version per versioned backend; v1 is still read
 TABLES = "tables"
 TUNED_DIR = "routing"  # under the cache directory
 MAX_US = 1e6  # a candidate slower than a second per call is not a measurement of these GEMMs
-MAX_M = 64
 M_REACH = 8  # how far (in M) a measured point stands in for an unmeasured one of the same shape
-
-
-@dataclass(frozen=True)
-class Point:
-    op: str
-    shape: tuple[tuple[str, object], ...]
-    m: int
-    flashinfer: str
-    pdl: bool
-    us: tuple[tuple[str, float], ...]  # candidate -> µs per call, fastest first
-
-    def best(self, backend: str) -> tuple[str | None, float] | None:
-        """(variant or None, µs) of ``backend``'s fastest candidate here, or None if unmeasured."""
-        for cand, us in self.us:
-            name, _, variant = cand.partition(":")
-            if name == backend:
-                return variant or None, us
-        return None
-
-    def describe(self) -> str:
-        shape = ", ".join(f"{k}={v}" for k, v in self.shape)
-        return f"{self.op} {shape} M={self.m} flashinfer {self.flashinfer} pdl={'on' if self.pdl else 'off'}"
-
-
-@dataclass(frozen=True)
-class Decision:
-    point: Point
-    match: str  # "exact", or what was approximated
-    source: str = "shipped"  # "tuned" | "shipped" | "estimate"
-
-    @property
-    def estimated(self) -> bool:
-        return self.source == "estimate" or "estimate" in self.match
-
-    def why(self, backend: str) -> str:
-        best = self.point.best(backend)
-        if best is None:
-            return f"not measured at {self.point.describe()}"
-        variant, us = best
-        label = f"{backend}:{variant}" if variant else backend
-        what = "predicted" if self.source == "estimate" else f"{self.source} table"
-        return f"{label} {us:.2f} us ({what}) at {self.point.describe()} ({self.match})"
-
-
-@dataclass(frozen=True)
-class Device:
-    """What selection needs to know of a GPU: its name, SM count and arch (``sm_90``)."""
-    name: str
-    sms: int
-    arch: str
-
-
-def _shape_items(shape: dict) -> tuple[tuple[str, object], ...]:
-    return tuple(sorted(shape.items()))
+NOT_INSTALLED = "not installed"
+ENTRY_KEYS = {"op", "shape", "m", "pdl", "us"}
+DEVICE_KEYS = ("device", "arch", "sms")  # what keys a measurement group's device (memory_gbps: optional, shown)
 
 
 class Table:
-    def __init__(self, data: dict, source: str, kind: str = "shipped"):
-        _validate(data, source)
+    """The measurements of one device: its points, of every version set measured on it."""
+
+    def __init__(self, header: dict, points: list[Point], source: str, kind: str = "shipped"):
         self.source, self.kind = source, kind
-        self.arch = data["arch"]
-        self.device = data.get("device", "")
-        self.sms = data.get("sms")
-        self.generated_by = data.get("generated_by", "")
-        self.points = [
-            Point(e["op"], _shape_items(e["shape"]), int(e["m"]), e["flashinfer"], bool(e["pdl"]),
-                  tuple(sorted(((c, float(u)) for c, u in e["us"].items()), key=lambda cu: (cu[1], cu[0]))))
-            for e in data["entries"]
-        ]
-        self._index = {(p.op, p.shape, p.m, p.flashinfer, p.pdl): p for p in self.points}
+        self.arch = header["arch"]
+        self.device = header.get("device") or ""
+        self.sms = header.get("sms")
+        self.memory_gbps = header.get("memory_gbps")
+        self.generated_by = header.get("generated_by", "")
+        self.points = points
+        self._index = {(p.op, p.shape, p.m, p.versions, p.pdl): p for p in self.points}
         self._ms: dict[tuple, list[int]] = {}
         for p in self.points:
-            self._ms.setdefault((p.op, p.shape, p.flashinfer, p.pdl), []).append(p.m)
-        self.versions = sorted({p.flashinfer for p in self.points}, key=version_key)
+            self._ms.setdefault((p.op, p.shape, p.versions, p.pdl), []).append(p.m)
+        self.versions = sorted({p.versions for p in self.points}, key=_versions_order)
+
+    def subset(self, keep) -> Table:
+        """This table with only the points ``keep(point)`` accepts (the estimate's leave-one-shape-out scoring)."""
+        header = {"arch": self.arch, "device": self.device, "sms": self.sms, "memory_gbps": self.memory_gbps,
+                  "generated_by": self.generated_by}
+        return Table(header, [p for p in self.points if keep(p)], self.source, self.kind)
+
+    def versions_of(self, name: str) -> list[str]:
+        """The versions of backend ``name``'s library this table measured."""
+        return sorted({v for key in self.versions for b, v in key if b == name}, key=version_key)
 
     def shapes(self, op: str) -> list[dict]:
         return [dict(s) for s in dict.fromkeys(p.shape for p in self.points if p.op == op)]
 
-    def lookup(self, op: str, shape: dict, m: int, flashinfer: str | None, pdl: bool,
+    def lookup(self, op: str, shape: dict, m: int, versions: tuple, pdl: bool,
                inside: bool = False) -> Decision | None:
-        """The measured point of this shape: the installed flashinfer version or the nearest one
-        measured, the nearest M within M_REACH (``inside``: and M within the measured ones' range);
-        None when the shape was not measured."""
-        shape_t = _shape_items(shape)
-        for version in self.versions_by_distance(flashinfer):
-            ms = self._ms.get((op, shape_t, version, pdl))
+        """The measured point of this shape: the installed versions or the nearest ones measured, the
+        nearest M within M_REACH (``inside``: and M within the measured ones' range); None when the
+        shape was not measured."""
+        shape_t = shape_items(shape)
+        for key in self.versions_by_distance(versions):
+            ms = self._ms.get((op, shape_t, key, pdl))
             if not ms:
                 continue
             near = min(ms, key=lambda x: (abs(x - m), x))
             if abs(near - m) > M_REACH or (inside and not min(ms) <= m <= max(ms)):
                 continue
-            notes = [] if version == flashinfer else [f"flashinfer {flashinfer or 'not installed'}: "
-                                                      f"using the {version} measurements"]
+            have = dict(key)
+            notes = [f"{name} {want}: using the {have.get(name)} measurements"
+                     for name, want in versions if have.get(name, want) != want]
             if near != m:
                 notes.append(f"M={m} not measured: the nearest measured M={near}")
-            return Decision(self._index[(op, shape_t, near, version, pdl)], "; ".join(notes) or "exact", self.kind)
+            return Decision(self._index[(op, shape_t, near, key, pdl)], "; ".join(notes) or "exact", self.kind)
         return None
 
-    def point(self, op: str, shape: dict, m: int, flashinfer: str, pdl: bool) -> Point | None:
-        """The point measured at exactly this op, shape, M, flashinfer version and launch context."""
-        return self._index.get((op, _shape_items(shape), m, flashinfer, pdl))
+    def point(self, op: str, shape: dict, m: int, versions: tuple, pdl: bool) -> Point | None:
+        """The point measured at exactly this op, shape, M, version set and launch context."""
+        return self._index.get((op, shape_items(shape), m, versions, pdl))
 
-    def versions_by_distance(self, flashinfer: str | None) -> list[str]:
-        if flashinfer is None:
-            return self.versions[::-1]
-        want = version_key(flashinfer)
-        return sorted(self.versions, key=lambda v: (_distance(version_key(v), want), version_key(v)))
+    def versions_by_distance(self, versions: tuple) -> list[tuple]:
+        """The measured version sets, nearest the installed ``versions`` first (a library not installed:
+        its newest measured version first)."""
+        want = dict(versions)
+
+        def order(key):
+            dist, newest = 0.0, []
+            for name, have in key:
+                wanted = want.get(name, NOT_INSTALLED)
+                if wanted == NOT_INSTALLED:
+                    newest += [-x for x in version_key(have)]
+                else:
+                    dist += _distance(version_key(have), version_key(wanted))
+                    newest += list(version_key(have))
+            return dist, newest
+        return sorted(self.versions, key=order)
 
 
-def _validate(data, source: str) -> None:
-    """ValueError naming what is wrong with a table (a tuned one may be hand-edited or truncated)."""
-    if not isinstance(data, dict) or data.get("schema") != SCHEMA:
+def _versions_order(key: tuple) -> list:
+    return [(name, version_key(version)) for name, version in key]
+
+
+def parse(data, source: str, kind: str = "shipped") -> list[Table]:
+    """The tables (one per device) of a routing-table file, v2 or v1; ValueError naming what is wrong
+    (a tuned one may be hand-edited or truncated)."""
+    if not isinstance(data, dict) or data.get("schema") not in (1, SCHEMA):
         got = data.get("schema") if isinstance(data, dict) else type(data).__name__
-        raise ValueError(f"{source}: routing table schema {got!r}, expected {SCHEMA}")
+        raise ValueError(f"{source}: routing table schema {got!r}, expected 1 or {SCHEMA}")
+    found = _groups_v1(data, source) if data["schema"] == 1 else data.get("measurements")
+    if not isinstance(found, list):
+        raise ValueError(f"{source}: routing table needs 'measurements' (list)")
+    by_device: dict[tuple, tuple[dict, list[Point]]] = {}
+    for g, group in enumerate(found):
+        where = f"{source}: measurements[{g}]"
+        if not isinstance(group, dict) or not isinstance(group.get("arch"), str) \
+                or not isinstance(group.get("entries"), list):
+            raise ValueError(f"{where}: needs 'arch' (str) and 'entries' (list)")
+        versions = group.get("versions", {})
+        if not isinstance(versions, dict) or not all(isinstance(k, str) and isinstance(v, str)
+                                                     for k, v in versions.items()):
+            raise ValueError(f"{where}: versions must map backend names to version strings")
+        key = tuple(sorted(versions.items()))
+        header = {k: group.get(k) for k in DEVICE_KEYS}
+        _, points = by_device.setdefault(tuple(header.values()), (
+            {**header, "memory_gbps": group.get("memory_gbps"), "generated_by": data.get("generated_by", "")}, []))
+        for i, e in enumerate(group["entries"]):
+            _validate_entry(e, f"{where}: entry {i}")
+            points.append(Point(e["op"], shape_items(e["shape"]), int(e["m"]), key, bool(e["pdl"]),
+                                tuple(sorted(((c, float(u)) for c, u in e["us"].items()),
+                                             key=lambda cu: (cu[1], cu[0])))))
+    return [Table(header, points, source, kind) for header, points in by_device.values()]
+
+
+def groups(data: dict) -> list[dict]:
+    """The measurement groups of a (parsed-valid) v2 or v1 table (a v1 table: one per flashinfer version)."""
+    return data["measurements"] if data.get("schema") == SCHEMA else _groups_v1(data, "")
+
+
+def flat_entries(data: dict) -> list[dict]:
+    """Every entry of a (parsed-valid) v2 or v1 table, each with its ``versions`` key (``((backend, version), ...)``)."""
+    return [{**{k: v for k, v in e.items() if k in ENTRY_KEYS}, "versions": tuple(sorted(g.get("versions", {}).items()))}
+            for g in groups(data) for e in g["entries"]]
+
+
+def _groups_v1(data: dict, source: str) -> list[dict]:
+    """A v1 table (one device, a ``flashinfer`` column per entry) as v2 measurement groups."""
     if not isinstance(data.get("arch"), str) or not isinstance(data.get("entries"), list):
         raise ValueError(f"{source}: routing table needs 'arch' (str) and 'entries' (list)")
+    groups: dict[str, dict] = {}
     for i, e in enumerate(data["entries"]):
-        where = f"{source}: entry {i}"
-        if not isinstance(e, dict) or not {"op", "shape", "m", "flashinfer", "pdl", "us"} <= set(e):
-            raise ValueError(f"{where}: needs op, shape, m, flashinfer, pdl, us")
-        if not isinstance(e["op"], str) or not isinstance(e["flashinfer"], str) or not isinstance(e["pdl"], bool):
-            raise ValueError(f"{where}: op and flashinfer must be str, pdl a bool")
-        if not isinstance(e["shape"], dict) or not all(
-                isinstance(v, str) or (isinstance(v, int) and not isinstance(v, bool) and 0 < v < 2**31)
-                for v in e["shape"].values()):
-            raise ValueError(f"{where}: shape must map names to positive ints or str")
-        if not isinstance(e["m"], int) or isinstance(e["m"], bool) or not 1 <= e["m"] <= MAX_M:
-            raise ValueError(f"{where}: m must be an int in 1..{MAX_M}")
-        us = e["us"]
-        if not isinstance(us, dict) or not us or not all(
-                isinstance(c, str) and isinstance(u, (int, float)) and not isinstance(u, bool)
-                and math.isfinite(u) and 0 < u < MAX_US for c, u in us.items()):
-            raise ValueError(f"{where}: us must map candidate names to finite times in (0, {MAX_US:g}) us")
+        if not isinstance(e, dict) or not isinstance(e.get("flashinfer"), str):
+            raise ValueError(f"{source}: entry {i}: needs op, shape, m, flashinfer (str), pdl, us")
+        group = groups.setdefault(e["flashinfer"], {"device": data.get("device", ""), "arch": data["arch"],
+                                                    "sms": data.get("sms"), "versions": {"flashinfer": e["flashinfer"]},
+                                                    "entries": []})
+        group["entries"].append(e)
+    return list(groups.values())
+
+
+def _validate_entry(e, where: str) -> None:
+    if not isinstance(e, dict) or not ENTRY_KEYS <= set(e):
+        raise ValueError(f"{where}: needs {', '.join(sorted(ENTRY_KEYS))}")
+    if not isinstance(e["op"], str) or not isinstance(e["pdl"], bool):
+        raise ValueError(f"{where}: op must be a str, pdl a bool")
+    if not isinstance(e["shape"], dict) or not all(
+            isinstance(v, str) or (isinstance(v, int) and not isinstance(v, bool) and 0 < v < 2**31)
+            for v in e["shape"].values()):
+        raise ValueError(f"{where}: shape must map names to positive ints or str")
+    if not isinstance(e["m"], int) or isinstance(e["m"], bool) or not 1 <= e["m"] <= MAX_M:
+        raise ValueError(f"{where}: m must be an int in 1..{MAX_M}")
+    us = e["us"]
+    if not isinstance(us, dict) or not us or not all(
+            isinstance(c, str) and isinstance(u, (int, float)) and not isinstance(u, bool)
+            and math.isfinite(u) and 0 < u < MAX_US for c, u in us.items()):
+        raise ValueError(f"{where}: us must map candidate names to finite times in (0, {MAX_US:g}) us")
 
 
 def version_key(version: str) -> tuple[int, ...]:
@@ -187,116 +215,127 @@ def _distance(a: tuple[int, ...], b: tuple[int, ...]) -> float:
 # ---- the tables -------------------------------------------------------------------------------
 
 @cache
-def table(arch: str) -> Table | None:
-    """The shipped table of ``arch`` (``sm_90`` and ``sm_90a`` read ``routing_sm90.json``), or None."""
+def tables(arch: str) -> tuple[Table, ...]:
+    """The shipped tables of ``arch``, one per measured device (``sm_90`` and ``sm_90a`` read
+    ``routing_sm90.json``); empty where none ships."""
     name = f"routing_{arch.replace('_', '').removesuffix('a')}.json"
     try:
         ref = resources.files(__package__).joinpath(TABLES, name)
         if not ref.is_file():
-            return None
+            return ()
         text = ref.read_text()
     except (FileNotFoundError, ModuleNotFoundError):
-        return None
-    return Table(json.loads(text), f"slim_kernel/{TABLES}/{name}")
+        return ()
+    return tuple(parse(json.loads(text), f"slim_kernel/{TABLES}/{name}"))
+
+
+def shipped_archs() -> list[str]:
+    """The archs a shipped table exists for (``sm_90`` for ``routing_sm90.json``)."""
+    try:
+        names = [ref.name for ref in resources.files(__package__).joinpath(TABLES).iterdir()]
+    except (FileNotFoundError, ModuleNotFoundError, NotADirectoryError):
+        return []
+    found = (re.fullmatch(r"routing_sm(\d+)(\d)\.json", name) for name in names)
+    return sorted(f"sm_{m[1]}{m[2]}" for m in found if m)
+
+
+def table(arch: str) -> Table | None:
+    """The first shipped table of ``arch`` (its reference device), or None."""
+    found = tables(arch)
+    return found[0] if found else None
+
+
+def shipped_for(device: Device) -> Table | None:
+    """The shipped table measured on ``device``: the same device name, else the same SM count (another
+    GPU's numbers: an estimate), else None (the estimate re-derives the numbers for its SM count)."""
+    found = tables(device.arch)
+    return next((t for t in found if t.device == device.name and t.sms in (None, device.sms)),
+                next((t for t in found if t.sms in (None, device.sms)), None))
+
+
+def nearest_shipped(device: Device) -> Table | None:
+    """The shipped table the estimate learns from: the device's own, else the one of the nearest SM count."""
+    found = tables(device.arch)
+    return shipped_for(device) or min(found, key=lambda t: abs((t.sms or device.sms) - device.sms), default=None)
 
 
 def slug(text: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-") or "unknown"
 
 
-def tuned_path(device: Device, flashinfer: str | None, root: Path | None = None) -> Path:
+def tuned_path(device: Device, versions: tuple, root: Path | None = None) -> Path:
     """Where ``slim-kernel tune`` keeps this device's table: one file per device name, SM count and
-    flashinfer version, so no other device's or version's measurements are ever read."""
+    version set, so no other device's or version's measurements are ever read."""
     if root is None:
-        from .jit.cache import cache_root
-
-        root = cache_root()
-    return root / TUNED_DIR / f"{slug(device.name)}-{device.sms}sm-{device.arch}-fi{slug(flashinfer or 'none')}.json"
+        root = paths.cache_root()
+    tags = "".join(f"-{backend.DISTS[name][1]}{slug(v if v != NOT_INSTALLED else 'none')}" for name, v in versions)
+    return root / TUNED_DIR / f"{slug(device.name)}-{device.sms}sm-{device.arch}{tags}.json"
 
 
 @cache
-def tuned_table(device: Device, flashinfer: str | None) -> Table | None:
+def tuned_table(device: Device, versions: tuple) -> Table | None:
     """This device's tuned table, or None (none written; or refused with one warning: a bad file,
-    another device's or version's header)."""
-    path = tuned_path(device, flashinfer)
+    another device's or version's measurements)."""
+    path = tuned_path(device, versions)
     try:
         text = path.read_text()
     except OSError:
         return None
     try:
-        data = json.loads(text)
-        tab = Table(data, str(path), kind="tuned")
-        header = (data.get("device"), data.get("sms"), data.get("flashinfer"))
-        if header != (device.name, device.sms, flashinfer or "not installed"):
-            raise ValueError(f"{path}: measured on {header}, not on this device and flashinfer "
-                             f"({device.name}, {device.sms} SMs, {flashinfer or 'not installed'})")
+        found = parse(json.loads(text), str(path), kind="tuned")
+        mine = (device.name, device.sms)
+        for tab in found:
+            if (tab.device, tab.sms) != mine or tab.versions != [versions]:
+                raise ValueError(f"{path}: measured on {tab.device}, {tab.sms} SMs, "
+                                 f"{', '.join(map(versions_text, tab.versions))}: not this device and its libraries "
+                                 f"({device.name}, {device.sms} SMs, {versions_text(versions)})")
+        if len(found) != 1:
+            raise ValueError(f"{path}: holds {len(found)} devices' measurements, not one")
     except (ValueError, TypeError, KeyError, RecursionError) as exc:
         warnings.warn(f"slim_kernel: ignoring the tuned routing table: {exc}", RuntimeWarning, stacklevel=2)
         return None
-    return tab
+    return found[0]
 
 
 def lookup(op: str, shape: dict, m: int, pdl: bool, device: Device) -> Decision | None:
     """The decision for one call (see the module docstring for the order of the sources)."""
-    version = flashinfer_version()
-    tuned = tuned_table(device, version)
+    versions = installed_versions()
+    tuned = tuned_table(device, versions)
     if tuned is not None:  # what it measured, not past the M range it measured (the shipped table may have those)
-        dec = tuned.lookup(op, shape, m, version, pdl, inside=True)
-        if dec is not None and dec.point.flashinfer == (version or "not installed"):
+        dec = tuned.lookup(op, shape, m, versions, pdl, inside=True)
+        if dec is not None and dec.point.versions == versions:
             return dec
-    shipped = table(device.arch)
-    if shipped is None and tuned is None:
+    if not tables(device.arch) and tuned is None:
         return None
-    same_sms = shipped is not None and shipped.sms in (None, device.sms)
-    if same_sms:
-        dec = shipped.lookup(op, shape, m, version, pdl)
+    shipped = shipped_for(device)
+    if shipped is not None:
+        dec = shipped.lookup(op, shape, m, versions, pdl)
         if dec is not None:
             if shipped.device and shipped.device != device.name:
                 note = (f"measured on {shipped.device}, this is {device.name}: an estimate "
                         f"(`slim-kernel tune` measures this device)")
-                dec = Decision(dec.point, note if dec.match == "exact" else f"{dec.match}; {note}", dec.source)
+                dec = Decision(dec.point, note if dec.match == "exact" else f"{dec.match}; {note}", dec.source, True)
             return dec
-    return _estimate(op, _shape_items(shape), m, pdl, device, version)
+    return _estimate(op, shape_items(shape), m, pdl, device, versions)
 
 
 @cache
-def _estimate(op: str, shape: tuple, m: int, pdl: bool, device: Device, version: str | None) -> Decision | None:
-    from .estimate import estimate
-
-    tables = [t for t in (tuned_table(device, version), table(device.arch)) if t is not None]
-    return estimate(op, dict(shape), m, pdl, device, tables, version, flashinfer_tiles(op, device, version))
-
-
-def flashinfer_tiles(op: str, device: Device, version: str | None):
-    """The installed flashinfer's fused-A program tiles (``backends.flashinfer.fused_a_tile``; imports torch
-    and flashinfer), or None: another op or arch, no flashinfer, or one that does not import (its backend
-    reports that when selection loads it)."""
-    from .names import FUSED_A
-
-    if op != FUSED_A or device.arch != "sm_90" or version is None:
-        return None
-    try:
-        from .backends.flashinfer import fused_a_tile
-    except Exception:  # noqa: BLE001
-        return None
-    return fused_a_tile
+def _estimate(op: str, shape: tuple, m: int, pdl: bool, device: Device, versions: tuple) -> Decision | None:
+    learn = [t for t in (tuned_table(device, versions), nearest_shipped(device)) if t is not None]
+    return estimate(op, dict(shape), m, pdl, device, learn, versions, backend.Geometry.installed(op, device.arch))
 
 
 @cache
-def flashinfer_version() -> str | None:
-    """The installed flashinfer-python version (read from its metadata: nothing is imported)."""
-    try:
-        return metadata.version("flashinfer-python")
-    except metadata.PackageNotFoundError:
-        return None
+def installed_versions() -> tuple:
+    """``((backend, version), ...)`` of every versioned backend's installed library (``not installed``
+    where absent; read from package metadata: nothing is imported): what the tables are keyed by."""
+    return tuple(sorted((name, backend.version(name) or NOT_INSTALLED) for name in backend.DISTS))
 
 
 def reload() -> None:
     """Forget the loaded tables and version (tests, benchmarks, tune writing a new table)."""
-    from . import knobs
-
-    table.cache_clear()
+    tables.cache_clear()
     tuned_table.cache_clear()
     _estimate.cache_clear()
-    flashinfer_version.cache_clear()
+    installed_versions.cache_clear()
     knobs.bump()

@@ -86,7 +86,7 @@ class DecodeStep:
     producer is the graph's first node: in a model the producer follows the previous layer's
     kernel, and a PDL-aware producer then carries the programmatic edge that PDL's auto mode looks
     for (slim_kernel/pdl.py). Without it the first GEMM of each graph went without PDL: 1 of 4-6
-    calls at fused-A's shapes, +0.08-0.1 µs per call on the default path (H200 run 106)."""
+    calls at fused-A's shapes, +0.08-0.1 µs per call on the default path (H200)."""
 
     def __init__(self, producer: Callable[[], None], calls: int = CALLS):
         self.producer, self.calls = producer, max(CALLS, calls)

@@ -32,13 +32,22 @@ import time
 from pathlib import Path
 
 from . import models
+from .models import MAX_M
 
 FP32_TOL, BF16_TOL = 1e-5, 5e-3
 
 
+class NoGPUError(RuntimeError):
+    """No CUDA GPU to measure on (exit 2)."""
+
+
+class NothingMeasured(RuntimeError):
+    """No candidate could be measured at any point (exit 1)."""
+
+
 def add_arguments(parser) -> None:
     models.add_shape_arguments(parser)
-    parser.add_argument("--ms", default="1-16", help="M values, e.g. 1-16 or 1,2,4,8,16,32,64 (<= 64)")
+    parser.add_argument("--ms", default="1-16", help=f"M values, e.g. 1-16 or 1,2,4,8,16,32,64 (<= {MAX_M})")
     parser.add_argument("--device", default=None, help="CUDA device (default: the current one)")
     parser.add_argument("--cache-dir", help="cache directory the table goes to (default: $SLIM_KERNEL_CACHE_DIR "
                                             "or the user cache dir)")
@@ -52,8 +61,8 @@ def parse_ms(text: str) -> list[int]:
         if not lo.isdigit() or (hi and not hi.isdigit()):
             raise ValueError(f"--ms wants numbers and ranges like 1-16,32, got {text!r}")
         ms.update(range(int(lo), int(hi or lo) + 1))
-    if not ms or min(ms) < 1 or max(ms) > 64:
-        raise ValueError(f"--ms must name M values in 1..64, got {text!r}")
+    if not ms or min(ms) < 1 or max(ms) > MAX_M:
+        raise ValueError(f"--ms must name M values in 1..{MAX_M}, got {text!r}")
     return sorted(ms)
 
 
@@ -66,7 +75,7 @@ def shapes_from_args(args) -> list[models.Shape]:
 
 # ---- one point: inputs, candidates, checks ----------------------------------------------------
 
-class Point:
+class Workload:
     """One (shape, M) on one device: the activation, output and rotating weight copies."""
 
     def __init__(self, shape: models.Shape, m: int, device, gen):
@@ -111,46 +120,21 @@ class Point:
         return FP32_TOL if self.shape.out == "float32" else BF16_TOL
 
 
-def candidates(point: Point, pdl: bool) -> dict:
+def candidates(point: Workload, pdl: bool) -> dict:
     """``{table candidate name: fn(output, *inputs)}``: what selection could run for this call in
-    this launch context, each bound as its backend binds it (JIT configurations that launch the same
-    kernel here share one fn: ``catalogue.first_alike``)."""
-    import torch
-
-    from . import ops, registry  # noqa: F401  (importing ops registers the backends)
-    from .jit import catalogue as cat
+    this launch context, each bound as its backend binds it (``Backend.tune_candidates``)."""
+    from . import backend, ops, registry  # noqa: F401  (importing ops registers the backends)
 
     op, args, out = point.shape.op, point.args(), {}
     specs, _, _ = registry.ranked(op, point.x.device, args, pdl)
     for spec in specs:
         target = registry.load(spec)
-        if target is None:
-            continue
-        backend = spec.backend.value
-        if backend == "jit":
-            sms = torch.cuda.get_device_properties(point.device).multi_processor_count
-            alike = cat.first_alike(op, point.m, point.shape.out, (point.shape.n, point.shape.k), sms)
-            for name, first in alike.items():  # one fn per distinct kernel: measure() times it once
-                out[f"jit:{name}"] = target(args, name, pdl) if first == name else out[f"jit:{first}"]
-        elif backend == "flashinfer" and spec.prepare:
-            out["flashinfer"] = target(args, None, pdl)
-            for name in _flashinfer_programs(op, point.shape.k, pdl):
-                out[f"flashinfer:{name}"] = target(args, name, pdl)
-        else:
-            out[backend] = target(args, None, pdl) if spec.prepare else target
+        if target is not None:
+            out.update(backend.get(spec.backend.value).tune_candidates(op, target, args, pdl, spec.prepare, point))
     return out
 
 
-def _flashinfer_programs(op: str, k: int, pdl: bool) -> list[str]:
-    if op != models.FUSED_A:
-        return []
-    from .backends import flashinfer as fb
-    from .names import FLASHINFER_FUSED_A_PROGRAMS
-
-    return [name for name in FLASHINFER_FUSED_A_PROGRAMS if fb.fused_a_program(name, k, pdl) is not None]
-
-
-def read_confirmed(point: Point, step, pdl: bool, fns: dict, notes: list[str]) -> dict[str, float]:
+def read_confirmed(point: Workload, step, pdl: bool, fns: dict, notes: list[str]) -> dict[str, float]:
     """``{name: µs per call}`` of ``fns`` (``{name: fn(output, *inputs)}``) after ``step``'s producer, the
     fastest two confirmed (:func:`confirmed`). A reading below what the weight bytes take at peak DRAM
     bandwidth (in the PDL context: less the producer, which the GEMM may overlap) cannot be right and is
@@ -176,7 +160,7 @@ def read_confirmed(point: Point, step, pdl: bool, fns: dict, notes: list[str]) -
     return times
 
 
-def measure(point: Point, pdl: bool, notes: list[str], step=None) -> dict[str, float]:
+def measure(point: Workload, pdl: bool, notes: list[str], step=None) -> dict[str, float]:
     """µs per call of every correct candidate at ``point`` in one launch context (the PDL-aware
     producer with PDL launches, or the plain one without). ``step``: that producer's
     ``timing.DecodeStep`` when the caller times more after it (made here otherwise)."""
@@ -205,7 +189,7 @@ def measure(point: Point, pdl: bool, notes: list[str], step=None) -> dict[str, f
 def confirmed(readings: dict, retime, top: int = 2, reads: int = 3) -> dict:
     """Median µs per candidate, where the ``top`` fastest have ``reads`` readings each: one reading
     is a difference of two medians, and a clock step during one replay can make it far too low
-    (run 97: 6.8 µs for a kernel that reads 9.5 µs at the M beside it), so no single lucky reading
+    (6.8 µs once for a kernel that reads 9.5 µs at the M beside it), so no single lucky reading
     decides a pick. Re-ranks after each confirmation until the fastest ``top`` are all confirmed."""
     med = lambda fn: statistics.median(readings[fn])  # noqa: E731
     while pending := [fn for fn in sorted(readings, key=med)[:top] if len(readings[fn]) < reads]:
@@ -217,24 +201,25 @@ def confirmed(readings: dict, retime, top: int = 2, reads: int = 3) -> dict:
 # ---- the table ---------------------------------------------------------------------------------
 
 def write_table(path: Path, header: dict, entries: list[dict]) -> dict:
-    """Merge ``entries`` into the table at ``path`` (same op, shape, M and context replaced) and
-    write it atomically; the written data is validated as selection would read it first."""
+    """Merge ``entries`` into the table at ``path`` (same op, shape, M and context replaced) and write it
+    atomically (schema 2: one measurement group, ``header``'s device and versions; a v1 table there is
+    read too); the written data is validated as selection would read it first."""
     from . import routing
 
     old = []
     try:
         previous = json.loads(path.read_text())
-        routing.Table(previous, str(path))
-        old = previous["entries"]
+        routing.parse(previous, str(path))
+        old = [{k: v for k, v in e.items() if k in routing.ENTRY_KEYS} for e in routing.flat_entries(previous)]
     except (OSError, ValueError, TypeError, KeyError):
         pass  # no table yet, or one selection refuses anyway: start afresh
     key = lambda e: (e["op"], json.dumps(e["shape"], sort_keys=True), e["m"], e["pdl"])  # noqa: E731
     merged = {key(e): e for e in old}
     merged.update((key(e), e) for e in entries)
-    data = {"schema": routing.SCHEMA, **header,
-            "entries": sorted(merged.values(), key=lambda e: (e["op"], sorted(e["shape"].items()), e["m"],
-                                                               not e["pdl"]))}
-    routing.Table(data, str(path), kind="tuned")
+    group = {k: header[k] for k in (*routing.DEVICE_KEYS, "versions")}
+    group["entries"] = sorted(merged.values(), key=lambda e: (e["op"], sorted(e["shape"].items()), e["m"], not e["pdl"]))
+    data = {"schema": routing.SCHEMA, "generated_by": header.get("generated_by", ""), "measurements": [group]}
+    routing.parse(data, str(path), kind="tuned")
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=".tune-", dir=path.parent)
     try:
@@ -248,37 +233,25 @@ def write_table(path: Path, header: dict, entries: list[dict]) -> dict:
     return data
 
 
-def precompile(points: list[tuple[models.Shape, int]], device) -> None:
-    """Compile every JIT instance the (shape, M) points may run on ``device``, in parallel, before
-    anything is timed."""
-    from .jit import arch_for_device
-    from .jit import catalogue as cat
-    from .jit.compiler import get_compiler
-    from .jit.precompile import compile_all
-
-    arch = arch_for_device(device.index)
-    jobs = list(dict.fromkeys(
-        (cfg.instance(s.op, m, s.out, (s.n, s.k)), arch)
-        for s, m in points for cfg in cat.VARIANTS[s.op].values() if cat.variant_serves(cfg, s.op, m, (s.n, s.k))))
-    compile_all(jobs, get_compiler().name, os.cpu_count() or 1, None)
-
-
-def prebuild(points: list[Point], device) -> None:
-    """Everything the points' candidates build on first use, side by side, before anything is timed:
-    the JIT instances (``precompile``) while flashinfer builds its modules (threads: each waits on nvcc).
-    A module that fails to build here fails again at its candidate's first call, which reports it."""
+def prebuild(points: list[tuple[models.Shape, int]], device) -> None:
+    """Everything the (shape, M) points' candidates build on first use (``Backend.first_use_builds``: the JIT
+    instances, flashinfer's modules), side by side before anything is timed (threads: each waits on a
+    compiler). A module that fails to build here fails again at its candidate's first call, which reports it."""
     from concurrent.futures import ThreadPoolExecutor
 
-    try:
-        from .backends import flashinfer as fb
+    from . import backend
 
-        loaders = fb.first_use_builds([(p.shape.op, p.m, p.shape.n, p.shape.k) for p in points], device)
-    except ImportError:
-        loaders = {}
-    with ThreadPoolExecutor(max(1, len(loaders)), thread_name_prefix="tune-flashinfer") as pool:
-        builds = [pool.submit(load) for load in loaders.values()]
-        precompile([(p.shape, p.m) for p in points], device)
-        for build in builds:
+    calls = [(s.op, m, s.n, s.k, s.out) for s, m in points]
+    loaders: dict = {}
+    for name in backend.NAMES:
+        unit = backend.get(name)
+        if unit.probe() is None:
+            try:
+                loaders.update(unit.first_use_builds(calls, device))
+            except ImportError:
+                pass
+    with ThreadPoolExecutor(max(1, len(loaders)), thread_name_prefix="tune-build") as pool:
+        for build in [pool.submit(load) for load in loaders.values()]:
             build.exception()
 
 
@@ -286,10 +259,10 @@ def tune(shapes: list[models.Shape], ms: list[int], device=None, progress: bool 
     """Measure ``shapes`` at ``ms`` on ``device`` and write the tuned table; returns (path, table, notes)."""
     import torch
 
-    from . import registry, routing
+    from . import devices, routing
 
     if not torch.cuda.is_available():
-        raise RuntimeError("slim-kernel tune needs a CUDA GPU (torch sees none)")
+        raise NoGPUError("slim-kernel tune needs a CUDA GPU (torch sees none)")
     try:
         dev = torch.device(device) if device is not None else torch.device("cuda")
     except RuntimeError as exc:
@@ -297,47 +270,51 @@ def tune(shapes: list[models.Shape], ms: list[int], device=None, progress: bool 
     if dev.type != "cuda" or (dev.index or 0) >= torch.cuda.device_count():
         raise ValueError(f"--device must name one of the {torch.cuda.device_count()} CUDA devices, got {device!r}")
     dev = torch.device("cuda", dev.index if dev.index is not None else torch.cuda.current_device())
-    rdev = registry.routing_device(dev)
-    version = routing.flashinfer_version()
+    rdev = devices.routing_device(dev)
+    versions = routing.installed_versions()
     notes: list[str] = []
     gen = torch.Generator(device=dev).manual_seed(0)
     entries = []
     with torch.cuda.device(dev):
-        points = [Point(s, m, dev, gen) for s in shapes for m in ms]
+        points = [Workload(s, m, dev, gen) for s in shapes for m in ms]
         if "pdl" not in points[0].producers:
             notes.append("flashinfer is not installed: only the plain-producer context (pdl: false) was measured")
-        prebuild(points, dev)
+        prebuild([(p.shape, p.m) for p in points], dev)
         total, start = len(points), time.perf_counter()
         for i, point in enumerate(points, 1):
             for pdl in (True, False):
                 us = measure(point, pdl, notes)
                 if us:
-                    entries.append({"op": point.shape.op, "shape": point.shape.key(), "m": point.m,
-                                    "flashinfer": version or "not installed", "pdl": pdl, "us": us})
+                    entries.append({"op": point.shape.op, "shape": point.shape.key(), "m": point.m, "pdl": pdl,
+                                    "us": us})
             if progress and sys.stderr.isatty():
                 print(f"\rtune: {i}/{total} points, {time.perf_counter() - start:.0f} s", end="", file=sys.stderr)
         if progress and sys.stderr.isatty():
             print(file=sys.stderr)
     if not entries:
-        raise RuntimeError("nothing could be measured: " + "; ".join(notes or ["no candidate"]))
-    header = {"arch": rdev.arch, "device": rdev.name, "sms": rdev.sms, "flashinfer": version or "not installed",
+        raise NothingMeasured("nothing could be measured: " + "; ".join(notes or ["no candidate"]))
+    header = {"arch": rdev.arch, "device": rdev.name, "sms": rdev.sms, "versions": dict(versions),
               "generated_by": "slim-kernel tune " + " ".join(s.label() for s in shapes)}
-    path = routing.tuned_path(rdev, version)
+    path = routing.tuned_path(rdev, versions)
     data = write_table(path, header, entries)
     routing.reload()
     return path, data, notes
 
 
 def pick_costs(entries: list[dict], table) -> list[float]:
-    """At each entry ``table`` (a ``routing.Table``) measured too (same op, shape, M, launch context and
-    flashinfer version): the entry's time of the table's pick (what selection would run by it) over the
-    entry's fastest. 1.0 where they agree (or pick kernels timed as one)."""
+    """At each entry (``routing.flat_entries``) ``table`` (a ``routing.Table``) measured too (same op, shape, M,
+    launch context and versions): the entry's time of the table's pick (what selection would run by it) over
+    the entry's fastest. 1.0 where they agree (or pick kernels timed as one). Candidates compare under their
+    current names (a table written before a variant's rename names it by its alias)."""
+    from .backend import canonical
+
     costs = []
     for e in entries:
-        point = table.point(e["op"], e["shape"], e["m"], e["flashinfer"], e["pdl"])
-        pick = next((cand for cand, _ in point.us if cand in e["us"]), None) if point else None
+        point = table.point(e["op"], e["shape"], e["m"], e["versions"], e["pdl"])
+        mine = {canonical(e["op"], cand): us for cand, us in e["us"].items()}
+        pick = next((c for c in (canonical(e["op"], cand) for cand, _ in point.us) if c in mine), None) if point else None
         if pick:
-            costs.append(e["us"][pick] / min(e["us"].values()))
+            costs.append(mine[pick] / min(mine.values()))
     return costs
 
 
@@ -364,19 +341,23 @@ def run(args) -> int:
         print(f"slim-kernel tune: {exc}", file=sys.stderr)
         return 2
     if args.cache_dir:
-        os.environ["SLIM_KERNEL_CACHE_DIR"] = args.cache_dir
+        from .knobs import ENV_CACHE_DIR
+
+        os.environ[ENV_CACHE_DIR] = args.cache_dir
     start = time.perf_counter()
     try:
         path, data, notes = tune(shapes, ms, args.device, not args.no_progress)
-    except ValueError as exc:
+    except (ValueError, NoGPUError) as exc:
         print(f"slim-kernel tune: {exc}", file=sys.stderr)
         return 2
-    except RuntimeError as exc:
+    except RuntimeError as exc:  # NothingMeasured, or a candidate's failure
         print(f"slim-kernel tune: {exc}", file=sys.stderr)
-        return 2 if "needs a CUDA GPU" in str(exc) else 1
+        return 1
     for note in notes:
         print(f"note: {note}", file=sys.stderr)
-    comparison = against_shipped(data["entries"], data["arch"])
+    from . import routing
+
+    comparison = against_shipped(routing.flat_entries(data), data["measurements"][0]["arch"])
     print(f"tune: {len(shapes)} shapes x {len(ms)} M measured in {time.perf_counter() - start:.0f} s; "
-          f"{len(data['entries'])} points in {path}" + (f"; {comparison}" if comparison else ""))
+          f"{len(data['measurements'][0]['entries'])} points in {path}" + (f"; {comparison}" if comparison else ""))
     return 0

@@ -36,7 +36,8 @@ from types import SimpleNamespace
 
 import torch
 
-ENV = "SLIM_KERNEL_FLASHINFER_DIRECT"
+from ..knobs import ENV_FLASHINFER_DIRECT as ENV  # noqa: E402
+
 # The workspace helpers flashinfer.bmm_fp8 has called, newest first (0.7.4: per stream).
 WORKSPACE_HELPERS = ("_get_stream_cache_buf", "_get_cache_buf")
 # The AutoTuner state choose_one's answer depends on (read by _Direct._token).

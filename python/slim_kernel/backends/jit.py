@@ -18,22 +18,25 @@ from __future__ import annotations
 import torch
 
 from .. import devices, knobs
+from ..backend import Backend
+from ..errors import CallNotServed
 from ..jit import catalogue as cat
+from ..jit.arch import limits
 from ..jit.routed import config_for, env_var, rules, set_config  # noqa: F401  (the backend's config API)
 from ..names import FUSED_A, ROUTER
 from ..pdl import launch_pdl
-from ..registry import CallNotServed
 
 _INT32_MAX = 2**31 - 1
-_SMS: dict[int, tuple[int, int]] = {}
+_LIMITS: dict[int, object] = {}
 
 
-def _sms(device_index: int) -> tuple[int, int]:
-    """(SM count, shared memory per SM in bytes; 0 where torch does not say)."""
-    got = _SMS.get(device_index)
+def _limits(device_index: int):
+    """The device's SM count and limits (``jit.arch.device_limits``), read once per device."""
+    got = _LIMITS.get(device_index)
     if got is None:
-        props = torch.cuda.get_device_properties(device_index)
-        got = _SMS[device_index] = (props.multi_processor_count, getattr(props, "shared_memory_per_multiprocessor", 0))
+        from ..jit.arch import device_limits
+
+        got = _LIMITS[device_index] = device_limits(device_index)
     return got
 
 
@@ -62,12 +65,14 @@ def _prepare(op: str, output: torch.Tensor, act: torch.Tensor, n: int, ldw: int,
         if knobs.jit_mode() != "cache-or-fallback":
             raise
         raise CallNotServed(f"cannot serve this call without compiling: {exc}") from None
-    sms, smem_per_sm = _sms(dev)
+    lim = _limits(dev)
+    sms = lim.sms
     grid, block, cluster = cfg.geometry(n, k, sms)
     smem = cfg.smem(m, (n, k))
-    if smem > cat.MAX_SMEM:
-        raise ValueError(f"{op}: JIT config {cfg} needs {smem} bytes of shared memory at M={m} (max {cat.MAX_SMEM})")
-    carveout = kernel.launch_carveout(carveout_percent(smem, grid[0] * grid[1] * grid[2], sms, smem_per_sm,
+    if smem > lim.smem_per_block:  # a configuration sized for another arch: the next backend serves
+        raise CallNotServed(f"JIT config {cfg} needs {smem} bytes of shared memory at M={m}, the device "
+                            f"allows {lim.smem_per_block} per CTA")
+    carveout = kernel.launch_carveout(carveout_percent(smem, grid[0] * grid[1] * grid[2], sms, lim.smem_per_sm,
                                                        knobs.smem_room(), cluster is not None))
     launch = kernel.launch
     lda = act.stride(0) if m > 1 else k
@@ -151,3 +156,81 @@ def probe() -> str | None:
     except ImportError as exc:
         return f"JIT runtime missing: {exc}"
     return available()
+
+
+# ---- the backend unit (slim_kernel/backend.py) ----
+
+ASSUMED_REGS = 128  # an uncapped kernel's registers per thread where the catalogue does not say
+SM90 = limits("sm_90")  # the estimate places grids on the SMs of the architecture the tables measured
+
+
+class JitBackend(Backend):
+    """Our kernels: one table candidate per configuration of ``jit/catalogue.py`` (``jit:<variant>``)."""
+
+    name = "jit"
+
+    def probe(self) -> str | None:
+        return probe()
+
+    def canonical(self, op: str, variant: str | None) -> str | None:
+        return cat.VARIANTS[op].canonical(variant) if op in cat.VARIANTS else variant
+
+    def offers(self, op: str, variant: str | None, m: int, nk: tuple[int, int]) -> bool:
+        cfg = cat.VARIANTS.get(op, {}).get(variant or "")
+        return cfg is not None and cat.variant_serves(cfg, op, m, nk)
+
+    def grid(self, op, variant, n, k, m, sms, reader):
+        cfg = cat.VARIANTS.get(op, {}).get(variant or "")
+        if cfg is None:
+            return None
+        dims, block, _ = cfg.geometry(n, k, sms)
+        ctas = dims[0] * dims[1] * dims[2]
+        threads = block[0] * block[1] * block[2]
+        registers = getattr(cfg, "registers", None)
+        regs = registers(m, (n, k)) if registers else ASSUMED_REGS
+        per_sm = max(1, min(SM90.threads_per_sm // threads, SM90.regs_per_sm // (threads * regs),
+                            SM90.smem_per_sm // (cfg.smem(m, (n, k)) + SM90.smem_reserved_per_cta), 32))
+        return ctas, sms * per_sm
+
+    def body(self, op, variant, n, k, m, reader) -> str:
+        """Narrow configurations have a straight-line body for the K they are fitted to
+        (``Narrow.exact_for``) and a generic one."""
+        exact_for = getattr(cat.VARIANTS.get(op, {}).get(variant or ""), "exact_for", None)
+        return "exact" if exact_for is not None and exact_for((n, k)) else ""
+
+    def lane_fill(self, op, variant, k) -> float:
+        fill = getattr(cat.VARIANTS.get(op, {}).get(variant or ""), "lane_fill", None)
+        return fill(k) if fill else 1.0
+
+    def tune_candidates(self, op, target, args, pdl, prepare, point) -> dict:
+        """One fn per distinct kernel (``catalogue.first_alike``): configurations that launch the same
+        kernel at this call share it, so tune checks and times it once."""
+        sms = _limits(devices.index(point.device)).sms
+        alike = cat.first_alike(op, point.m, point.shape.out, (point.shape.n, point.shape.k), sms)
+        out: dict = {}
+        for name, first in alike.items():
+            out[f"jit:{name}"] = target(args, name, pdl) if first == name else out[f"jit:{first}"]
+        return out
+
+    def first_use_builds(self, calls, device) -> dict:
+        """Every JIT instance the calls ``(op, m, n, k, out)`` may run, compiled in parallel (one loader)."""
+        if not calls:
+            return {}
+        return {"jit": lambda: _precompile(calls, device)}
+
+
+def _precompile(calls, device) -> None:
+    import os
+
+    from ..jit import arch_for_device
+    from ..jit.compiler import get_compiler
+    from ..jit.parallel import compile_all
+
+    arch = arch_for_device(devices.index(device))
+    jobs = list(dict.fromkeys(
+        (cfg.instance(op, m, out, (n, k)), arch)
+        for op, m, n, k, out in calls for cfg in cat.VARIANTS[op].values() if cat.variant_serves(cfg, op, m, (n, k))))
+    compile_all(jobs, get_compiler().name, os.cpu_count() or 1, None)
+
+
+BACKEND = JitBackend()

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from ..backend import Backend
+
 # torch.mm/bmm(..., out_dtype=) (bf16 operands -> an fp32 result from cuBLAS, CUDA only) came after
 # the oldest torch this package supports; where it is missing the operands go up to fp32 first
 # (the same fp32 accumulation, one more copy of each operand).
@@ -49,3 +51,12 @@ def dsv3_router_gemm(output: torch.Tensor, hidden_states: torch.Tensor, router_w
 
 def dsv3_fused_a_gemm(output: torch.Tensor, mat_a: torch.Tensor, mat_b: torch.Tensor) -> None:
     _mm_into(output, mat_a, mat_b)
+
+
+class TorchBackend(Backend):
+    """The reference: one candidate (``torch``), any shape, any device."""
+
+    name = "torch"
+
+
+BACKEND = TorchBackend()

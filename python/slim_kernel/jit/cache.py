@@ -41,6 +41,8 @@ from pathlib import Path
 
 from .. import knobs
 from .._version import __version__
+from ..knobs import ENV_TRACE
+from ..paths import ENV_CACHE_DIR, cache_root  # noqa: F401  (re-exported: the cache's API)
 from .arch import normalize_arch, sm_version
 from .compiler import NVCC_TIMEOUT_S, Compiler, get_compiler, nvcc_temp_parent
 from .resources import ResourceUsage, cubin_sm
@@ -49,8 +51,6 @@ from .spec import KernelInstance
 
 log = logging.getLogger("slim_kernel.jit")
 
-ENV_CACHE_DIR = "SLIM_KERNEL_CACHE_DIR"
-ENV_TRACE = "SLIM_KERNEL_JIT_TRACE"  # append one JSON line per real compile (tests, debugging)
 FORMAT = 1
 MAGIC = b"SLIMCUBIN1\n\0"
 SUFFIX = ".slimcubin"
@@ -66,14 +66,6 @@ ENTRY_MODE, DIR_MODE = 0o644, 0o755
 STALE_AFTER_S = 2 * NVCC_TIMEOUT_S
 _KINDS = {stat.S_IFLNK: "a symlink", stat.S_IFDIR: "a directory", stat.S_IFIFO: "a FIFO",
           stat.S_IFCHR: "a character device", stat.S_IFBLK: "a block device", stat.S_IFSOCK: "a socket"}
-
-
-def cache_root() -> Path:
-    env = os.environ.get(ENV_CACHE_DIR)
-    if env:
-        return Path(env).expanduser()
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "slim_kernel"
 
 
 def cubin_dir(arch: str, root: Path | None = None) -> Path:

@@ -2,7 +2,7 @@
 
 Torch-free (the AOT baseline and precompile read it without torch). Both JIT ops are one skinny
 GEMM, ``out(M, N) = act(M, K) @ W(N, K)^T`` (the router: W = the (E, K) router weight, fp32 or
-bf16 out; fused-A: W = ``mat_b.T``, bf16 out), served by four kernel families whose sources live
+bf16 out; fused-A: W = ``mat_b.T``, bf16 out), served by five kernel families whose sources live
 in ``kernels/`` (design notes there):
 
   skinny  per-thread cp.async ring, swap-AB mma.sync, split-K over warps and a cluster (both ops)
@@ -13,9 +13,6 @@ in ``kernels/`` (design notes there):
           registers (router, M <= 16)
   stream  weight and token loader warps filling an mbarrier ring, four compute warps each owning a
           quarter of K, a CTA per 16 rows (fused-A, M <= 32)
-
-(A tensor-map/mbarrier design for fused-A lost on the H200 by 1.5-4 us at every M and was
-removed; benchmark/DESIGN.md has its numbers and profile.)
 
 A family config is a frozen dataclass with ``instance(op, m, out_dtype, shape=None)`` (``shape`` =
 the call's (N, K); None = the tuned shape), ``geometry(n, k, sm_count)`` and ``smem(m, shape=None)``
@@ -28,16 +25,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
+from .. import models
 from ..names import FUSED_A, ROUTER
+from .arch import limits
 from .spec import KernelInstance
 
-MAX_M = 64  # the JIT window: skinny takes up to 8 token tiles of 8
+MAX_M = models.MAX_M  # the JIT window: skinny takes up to 8 token tiles of 8
 VEC = 8  # bf16 elements per 16-byte load: K and row strides must be multiples of this
 MAX_CLUSTER = 8  # portable cluster size: the most split=0 picks
 MAX_SPLIT = 16  # explicit split may use non-portable clusters (kMaxSplit in kernels/reduce.cuh)
-MAX_SMEM = 227 * 1024
-SMEM_PER_SM = 228 * 1024  # an sm_90 SM's shared memory (the largest carveout)
-SMEM_RESERVED_PER_CTA = 1024  # what the driver keeps of an SM's shared memory for each resident CTA (sm_80, sm_90)
+# the configurations are sized for sm_90 (arch.LIMITS); a launch checks the device's own limits
+MAX_SMEM = limits("sm_90").smem_per_block
+SMEM_PER_SM = limits("sm_90").smem_per_sm
+SMEM_RESERVED_PER_CTA = limits("sm_90").smem_reserved_per_cta
 OUT_DTYPES = {ROUTER: ("float32", "bfloat16"), FUSED_A: ("bfloat16",)}
 SOURCES = {ROUTER: ("dsv3_router_gemm.cuh", "dsv3_router_gemm_kernel"),
            FUSED_A: ("dsv3_fused_a_gemm.cuh", "dsv3_fused_a_gemm_kernel")}
@@ -61,7 +61,7 @@ def _check(ok: bool, cfg, what: str) -> None:
 
 @dataclass(frozen=True)
 class Skinny:
-    kernel = "skinny"
+    kernel, family = "skinny", 0  # the family and its SK_FAMILY id (kernels/dsv3_*_gemm.cuh)
     ops = (ROUTER, FUSED_A)
     rt: int = 1  # 16-row weight tiles per CTA (compile-time)
     stages: int = 8  # per-warp cp.async ring depth in 32-k blocks (compile-time)
@@ -80,7 +80,7 @@ class Skinny:
         return _stages_that_fit(self.stages, 0, self.warps * (2 * self.rt + token_tiles(m)) * 512)
 
     def instance(self, op: str, m: int, out_dtype: str, shape: tuple[int, int] | None = None) -> KernelInstance:
-        return _make(op, out_dtype, SK_FAMILY=0, SK_NT=token_tiles(m), SK_RT=self.rt, SK_STAGES=self.stages_for(m))
+        return _make(op, out_dtype, SK_FAMILY=self.family, SK_NT=token_tiles(m), SK_RT=self.rt, SK_STAGES=self.stages_for(m))
 
     def geometry(self, n: int, k: int, sm_count: int) -> tuple[tuple, tuple, tuple | None]:
         groups = _cdiv(n, 16 * self.rt)
@@ -95,7 +95,7 @@ class Skinny:
 
 @dataclass(frozen=True)
 class Narrow:
-    kernel = "narrow"
+    kernel, family = "narrow", 1  # the family and its SK_FAMILY id (kernels/dsv3_*_gemm.cuh)
     ops = (ROUTER, FUSED_A)
     rows: int = 2  # output rows per CTA (compile-time)
     cpt: int = 2  # 16-byte chunks per thread per row and round (compile-time)
@@ -175,7 +175,7 @@ class Narrow:
         options = {k: v for k, v in (("SK_PLAIN", self.plain), ("SK_LATE", self.late), ("SK_MAXNREG", regs)) if v}
         if exact:
             options["SK_EXACTK"] = self.exactk if shape is None else shape[1]
-        return _make(op, out_dtype, SK_FAMILY=1, SK_ROWS=self.rows, SK_MT=m, SK_CPT=self.cpt,
+        return _make(op, out_dtype, SK_FAMILY=self.family, SK_ROWS=self.rows, SK_MT=m, SK_CPT=self.cpt,
                      SK_THREADS=self.block(shape), **options)
 
     def geometry(self, n: int, k: int, sm_count: int) -> tuple[tuple, tuple, tuple | None]:
@@ -187,8 +187,8 @@ class Narrow:
 
 @dataclass(frozen=True)
 class Ring:
-    kernel = "ring"
-    ops = (ROUTER,)  # fused-A lost at every M (run 24: 10.9-17.7 us vs skinny 10.5-13.1, sglang 9.7-10.2)
+    kernel, family = "ring", 2  # the family and its SK_FAMILY id (kernels/dsv3_*_gemm.cuh)
+    ops = (ROUTER,)  # fused-A lost to skinny and sglang's kernel at every M (benchmark/DESIGN.md)
     tk: int = 128  # k per ring stage (compile-time)
     stages: int = 8  # ring depth (compile-time; fewer where M's stages would not fit)
     warps: int = 4  # compute warps (compile-time), plus `loaders` weight-loader warps and one activation warp
@@ -203,7 +203,7 @@ class Ring:
                f"dividing tk/64, split 1..{MAX_SPLIT}")
 
     def max_m(self, shape: tuple[int, int] | None = None) -> int:
-        return 32  # past it (4 token tiles) the router's ring lost to skinny and cuBLAS by 1.5x (run 24)
+        return 32  # past it (4 token tiles) the router's ring lost to skinny and cuBLAS by 1.5x
 
     def _stage(self, m: int) -> int:  # ring_stage_bytes in kernels/ring_gemm.cuh
         return (2 + token_tiles(m)) * self.tk * 16
@@ -215,7 +215,7 @@ class Ring:
         return _stages_that_fit(self.stages, self._fixed(self.stages, m), self._stage(m))
 
     def instance(self, op: str, m: int, out_dtype: str, shape: tuple[int, int] | None = None) -> KernelInstance:
-        return _make(op, out_dtype, SK_FAMILY=2, SK_NT=token_tiles(m), SK_TK=self.tk, SK_STAGES=self.stages_for(m),
+        return _make(op, out_dtype, SK_FAMILY=self.family, SK_NT=token_tiles(m), SK_TK=self.tk, SK_STAGES=self.stages_for(m),
                      SK_CW=self.warps, SK_LW=self.loaders)
 
     def geometry(self, n: int, k: int, sm_count: int) -> tuple[tuple, tuple, tuple | None]:
@@ -228,7 +228,7 @@ class Ring:
 
 @dataclass(frozen=True)
 class Stream:
-    kernel = "stream"
+    kernel, family = "stream", 3  # the family and its SK_FAMILY id (kernels/dsv3_*_gemm.cuh)
     ops = (FUSED_A,)  # a CTA per 16 rows and no split-K: the router's 256-384 rows would fill 16-24 SMs
     stages: int = 8  # ring depth (compile-time; fewer where M's stages would not fit)
     pieces: int = 1  # contiguous 512-byte pieces of every row in a stage (compile-time)
@@ -252,7 +252,7 @@ class Stream:
 
     def instance(self, op: str, m: int, out_dtype: str, shape: tuple[int, int] | None = None) -> KernelInstance:
         rt = {"SK_RT": self.rt} if self.rt != 1 else {}  # only when set: the others keep their keys
-        return _make(op, out_dtype, SK_FAMILY=3, SK_NT=token_tiles(m), SK_STAGES=self.stages_for(m),
+        return _make(op, out_dtype, SK_FAMILY=self.family, SK_NT=token_tiles(m), SK_STAGES=self.stages_for(m),
                      SK_PIECES=self.pieces, **rt)
 
     def geometry(self, n: int, k: int, sm_count: int) -> tuple[tuple, tuple, tuple | None]:
@@ -264,7 +264,7 @@ class Stream:
 
 @dataclass(frozen=True)
 class Direct:
-    kernel = "direct"
+    kernel, family = "direct", 4  # the family and its SK_FAMILY id (kernels/dsv3_*_gemm.cuh)
     ops = (ROUTER,)
     warps: int = 4  # warps per CTA (compile-time)
     bpw: int = 7  # 32-k blocks per warp and round (compile-time): K = 7168 over 8 ranks of 4 warps is one round
@@ -280,7 +280,7 @@ class Direct:
     def instance(self, op: str, m: int, out_dtype: str, shape: tuple[int, int] | None = None) -> KernelInstance:
         if m > self.max_m():
             raise ValueError(f"this direct kernel serves M <= {self.max_m()}, got M={m}")
-        return _make(op, out_dtype, SK_FAMILY=4, SK_NT=token_tiles(m), SK_CW=self.warps, SK_BPW=self.bpw)
+        return _make(op, out_dtype, SK_FAMILY=self.family, SK_NT=token_tiles(m), SK_CW=self.warps, SK_BPW=self.bpw)
 
     def geometry(self, n: int, k: int, sm_count: int) -> tuple[tuple, tuple, tuple | None]:
         return _split_k_tiles(n, _cdiv(k, 32), self.split, 32 * self.warps)
@@ -369,86 +369,84 @@ def rule_for(rules: Rules, m: int) -> GemmConfig:
     return next(cfg for max_m, cfg in rules if m <= max_m)
 
 
-# The configurations the H200 benchmark measures and the routing table may name. "skinny" (the
-# router's and fused-A's first default) serves every M of both ops; the others are the designs
-# compared in benchmark/DESIGN.md.
-VARIANTS: dict[str, dict[str, GemmConfig]] = {
+# The configurations the benchmark measures and the routing table may name, each with what it is for (the
+# evidence: benchmark/DESIGN.md); "skinny" serves every M of both ops. A name is the family, then tokens
+# for the settings that tell it apart, each letter with one meaning in every family: r<N> weight rows per
+# CTA, t<N> threads, n<N> rounds over K (default 1), k<N> the fitted K in units of 1024 (default 7), c<N> a
+# register cap, s<N> CTAs per cluster splitting K, a<N> warps, w<N> ring stages, p<N> pieces per row and
+# stage; g L1-allocating loads, l the PDL trigger after the FMAs. Older names (ALIASES) still find their
+# configuration wherever a name is read (tables, tools).
+_VARIANTS: dict[str, dict[str, GemmConfig]] = {
     ROUTER: {
-        "skinny": Skinny(rt=1, stages=8, warps=4, split=0),
-        "skinny_c4": Skinny(rt=1, stages=8, warps=4, split=4),
-        # K = 7168 (DeepSeek-V3) with E % rows == 0 gets a straight-line instance
-        # (exact_for); other shapes the generic one. A 72-register cap lets a CTA fit beside flashinfer's
-        # RMSNorm CTA (896 threads x 32 registers): faster after a PDL-aware producer (run 55, when ptxas
-        # still issued the weight loads after the PDL wait: ptx.cuh); spill-free up to these M (one row
-        # uncapped at M 9-16, 96-124 registers, lost by 1.5-5.5 µs: run 61). g: L1-allocating loads;
-        # l: the PDL trigger after the FMAs.
-        "narrow_r1kc": Narrow(rows=1, cpt=2, threads=448, tokens=10, regs=72, exactk=7168),
-        "narrow_r1gkc": Narrow(rows=1, cpt=2, threads=448, tokens=10, plain=1, regs=72, exactk=7168),
-        "narrow_r2kc": Narrow(rows=2, cpt=2, threads=448, tokens=7, regs=72, exactk=7168),
-        "narrow_r2klc": Narrow(rows=2, cpt=2, threads=448, tokens=6, late=1, regs=72, exactk=7168),
-        # M <= 4: with the weight loads kept before the PDL wait (ptx.cuh), its M=5 straight-line instance
-        # spills 8 bytes under the 72-register cap with NVRTC 13.2 (13.0: none; before, M=6 did)
-        "narrow_r3klc": Narrow(rows=3, cpt=2, threads=448, tokens=4, late=1, regs=72, exactk=7168),
-        # 896 threads of one chunk per row (one CTA per SM: the block bound caps them at 72 registers).
-        # Three rows: 128 CTAs at E=384, one wave: E=384 M 3-8 after the plain producer, M=7 at 0.87-0.90x
-        # flashinfer (runs 89/90). From M=7 the generic body (other shapes) spills under that cap, the
-        # straight-line one not to M=9: generic_tokens
-        "narrow_r3t896": Narrow(rows=3, cpt=1, threads=896, tokens=9, generic_tokens=6, exactk=7168),
-        # the same geometry at E=896 (Kimi-K3): seven rows, 128 CTAs, one wave: E=896 M 1, 3-4 at
-        # 0.89-0.95x flashinfer (runs 89/90); the generic body spills from M=2
-        "narrow_r7t896": Narrow(rows=7, cpt=1, threads=896, tokens=4, generic_tokens=1, exactk=7168),
-        "narrow_r2t896": Narrow(rows=2, cpt=1, threads=896, tokens=10, exactk=7168),
-        # four rows: one wave of 128 CTAs at E=512 (a shape no listed model has), 896 threads of one chunk (72
-        # registers to M=16; the generic body spills from M=5). The fastest candidate at 14 points of the table
-        # (E=256 bf16 M=1, E=384 M 1-7; 3-8% ahead of run 89's picks after the PDL-aware producer; runs 92/93).
-        # tiny_gemm's four rows at 32 bytes per thread (448 threads at K=7168) were never the fastest: removed
-        "narrow_r4t896": Narrow(rows=4, cpt=1, threads=896, tokens=16, generic_tokens=4, exactk=7168),
-        # M 11-16 of narrow routers (E=128: 128 CTAs; K=6144 at E=256: 2 rows, 128 CTAs): one chunk per
-        # thread keeps a token's FMA chain after the PDL wait half as long as two chunks per thread, and
-        # 16 tokens fit the block's register bound without spills (72 / 80 registers, NVRTC 13.0/13.2, nvcc)
-        "narrow_r1t896": Narrow(rows=1, cpt=1, threads=896, tokens=16, exactk=7168),
-        "narrow_r2t768k6": Narrow(rows=2, cpt=1, threads=768, tokens=16, exactk=6144),
-        # one wave of 128 CTAs at E=896 (Kimi-K3), where 1-3 rows per CTA take 2-7 waves; one chunk per
-        # thread and round (two rounds at K = 7168): two chunks spill, and so does M > 5 with nvcc
-        "narrow_r7": Narrow(rows=7, cpt=1, threads=448, tokens=5, exactk=7168),
-        # K = 6144 (GLM-5) in one round of 384 threads x 2 chunks, straight-line at E % 2 == 0
-        "narrow_r2k6": Narrow(rows=2, cpt=2, threads=384, tokens=10, exactk=6144),
-        # the same to M=12 under a 104-register cap: GLM-5 M 11-12 after the PDL-aware producer, 0.85-0.90x
-        # direct_c8 (M=10 after it needs the carveout's room for the producer's CTA: benchmark/DESIGN.md)
-        "narrow_r2k6c": Narrow(rows=2, cpt=2, threads=384, tokens=12, regs=104, exactk=6144),
-        # one row, 224 threads x 4 chunks (K = 7168 in one round; 128-164 registers, no spills): E=128 M 11-12
-        # after the PDL-aware producer, 0.87-0.96x direct_c8 (run 85)
-        "narrow_r1t224": Narrow(rows=1, cpt=4, threads=224, tokens=16, exactk=7168),
-        "ring_c8": Ring(tk=128, stages=8, warps=4, loaders=1, split=8),
-        # one round of fragments in registers per lane; 8 warps of 4 blocks at split 8 (72 registers) were
-        # within 1% of these everywhere (run 70)
-        "direct_c8": Direct(warps=4, bpw=7, split=8),
-        "direct_c4": Direct(warps=8, bpw=7, split=4),
-        "direct_c16": Direct(warps=2, bpw=7, split=16),
+        "skinny": Skinny(rt=1, stages=8, warps=4, split=0),  # any shape and M: the fallback
+        "skinny_s4": Skinny(rt=1, stages=8, warps=4, split=4),  # E 256-896 from M 6 to 64: a 4-CTA split
+        # narrow: a CTA per few experts over the whole K, a straight-line body at its fitted K (other shapes: the
+        # generic body); the 72-register cap fits a CTA beside the RMSNorm CTA before it (896 threads x 32 registers)
+        "narrow_r1c72": Narrow(rows=1, cpt=2, threads=448, tokens=10, regs=72, exactk=7168),  # one expert a CTA, M 1-10
+        "narrow_r1c72g": Narrow(rows=1, cpt=2, threads=448, tokens=10, plain=1, regs=72, exactk=7168),  # the same, L1 loads
+        "narrow_r2c72": Narrow(rows=2, cpt=2, threads=448, tokens=7, regs=72, exactk=7168),  # E 768-896, M 1-5
+        "narrow_r2c72l": Narrow(rows=2, cpt=2, threads=448, tokens=6, late=1, regs=72, exactk=7168),  # never the fastest yet
+        "narrow_r3c72l": Narrow(rows=3, cpt=2, threads=448, tokens=4, late=1, regs=72, exactk=7168),  # E=768, M 2-4
+        "narrow_r3t896": Narrow(rows=3, cpt=1, threads=896, tokens=9, generic_tokens=6, exactk=7168),  # E=384, M 1-9, one wave
+        "narrow_r7t896": Narrow(rows=7, cpt=1, threads=896, tokens=4, generic_tokens=1, exactk=7168),  # E=896, M=4, one wave
+        "narrow_r2t896": Narrow(rows=2, cpt=1, threads=896, tokens=10, exactk=7168),  # E 128-256, M 1-10
+        "narrow_r4t896": Narrow(rows=4, cpt=1, threads=896, tokens=16, generic_tokens=4, exactk=7168),  # E 256-512, M 1-13
+        "narrow_r1t896": Narrow(rows=1, cpt=1, threads=896, tokens=16, exactk=7168),  # E 32-384, one expert a CTA, M 2-16
+        "narrow_r2t768k6": Narrow(rows=2, cpt=1, threads=768, tokens=16, exactk=6144),  # K <= 6144, E 128-512, M 1-16
+        "narrow_r7n2": Narrow(rows=7, cpt=1, threads=448, tokens=5, exactk=7168),  # E=896, M 2-5, one wave in two K rounds
+        "narrow_r2t384k6": Narrow(rows=2, cpt=2, threads=384, tokens=10, exactk=6144),  # K=6144 (GLM-5), M 1-10
+        "narrow_r2t384k6c104": Narrow(rows=2, cpt=2, threads=384, tokens=12, regs=104, exactk=6144),  # K=6144, M 9-12 under a 104-register cap
+        "narrow_r1t224": Narrow(rows=1, cpt=4, threads=224, tokens=16, exactk=7168),  # E=128, M 11-12, K in one round
+        "ring_s8": Ring(tk=128, stages=8, warps=4, loaders=1, split=8),  # M 13-32: loader warps and an 8-CTA split
+        "direct_s8": Direct(warps=4, bpw=7, split=8),  # M 7-16: fragments straight into registers, 8-CTA split
+        "direct_s4": Direct(warps=8, bpw=7, split=4),  # the same with a 4-CTA split (E 256-384, M 11-15)
+        "direct_s16": Direct(warps=2, bpw=7, split=16),  # the same with a 16-CTA split (M 10-16)
     },
     FUSED_A: {
-        "skinny": Skinny(rt=1, stages=8, warps=8, split=1),
-        "skinny_w10": Skinny(rt=1, stages=6, warps=10, split=1),
-        # 4-region copies (sglang's order), rings of 2-3 or 6-16 stages, 2 KB pieces and the PDL trigger after
-        # the stores lost (runs 32-35, 58, 62-65, 110); the trigger at the ring's last fill won (runs 139-140)
-        "stream_c": Stream(stages=8, pieces=1),  # M 17-32
-        "stream_c6": Stream(stages=6, pieces=1),  # M 24-32 on 0.7.4 (run 64), within 0.05 us of stream_c
-        "stream_w4": Stream(stages=4, pieces=2),  # M 1-16: 1 KB pieces
-        # 96 KB at M 9-16: two CTAs per SM, so N past 132 x 16 rows (Kimi-K3's 3648: 228 CTAs) is one wave
-        "stream_w3": Stream(stages=3, pieces=2),
-        # 32 rows per CTA: one wave where 16-row CTAs take two (GLM-5's 2624 rows: 82 CTAs, not 164)
-        "stream_r2": Stream(stages=4, pieces=2, rt=2),
-        "stream_r2c": Stream(stages=8, pieces=1, rt=2),
-        # the router's one-chunk narrow bodies (K <= 7168 fitted: K / 8 threads): a CTA per 1-8 rows over the
-        # whole K, every weight byte of the CTA requested before the PDL wait. Where stream's 16-row CTAs leave SMs
-        # idle (576x2048: 36 CTAs) they spread the weight over every SM, as sglang's tiny_gemm does. Registers at
-        # K = 7168 (896 threads, capped at 72): rows 8 spill past M=4, rows 4's generic body past M=4
-        "narrow_r1t896": Narrow(rows=1, cpt=1, threads=896, tokens=16, exactk=7168),
-        "narrow_r2t896": Narrow(rows=2, cpt=1, threads=896, tokens=10, exactk=7168),
-        "narrow_r4t896": Narrow(rows=4, cpt=1, threads=896, tokens=16, generic_tokens=4, exactk=7168),
-        "narrow_r8t896": Narrow(rows=8, cpt=1, threads=896, tokens=4, generic_tokens=1, exactk=7168),
+        "skinny": Skinny(rt=1, stages=8, warps=8, split=1),  # any shape and M: the fallback
+        "skinny_a10w6": Skinny(rt=1, stages=6, warps=10, split=1),  # never the fastest yet
+        # stream: loader warps, an mbarrier ring, a CTA per 16 rows; the PDL trigger at the ring's last fill
+        "stream_w8p1": Stream(stages=8, pieces=1),  # M 24-32: 2 KB pieces, 8 stages
+        "stream_w6p1": Stream(stages=6, pieces=1),  # M 24-32: the same in 6 stages
+        "stream_w4p2": Stream(stages=4, pieces=2),  # N up to about 1800, M 1-16: 1 KB pieces
+        "stream_w3p2": Stream(stages=3, pieces=2),  # N past 132 x 16 rows, M 1-16: two CTAs per SM, one wave
+        "stream_r32w4p2": Stream(stages=4, pieces=2, rt=2),  # N 2624-3648, M 1-32: 32 rows a CTA, one wave
+        "stream_r32w8p1": Stream(stages=8, pieces=1, rt=2),  # the same in 8 stages (N=2624, M 17-30)
+        # narrow: a CTA per 1-8 rows over the whole K, spreading thin weights over SMs stream's 16-row CTAs leave idle
+        "narrow_r1t896": Narrow(rows=1, cpt=1, threads=896, tokens=16, exactk=7168),  # N 576-704, M 5-7
+        "narrow_r2t896": Narrow(rows=2, cpt=1, threads=896, tokens=10, exactk=7168),  # M 1-6
+        "narrow_r4t896": Narrow(rows=4, cpt=1, threads=896, tokens=16, generic_tokens=4, exactk=7168),  # M 1-4
+        "narrow_r8t896": Narrow(rows=8, cpt=1, threads=896, tokens=4, generic_tokens=1, exactk=7168),  # never the fastest yet
     },
 }
+ALIASES: dict[str, dict[str, str]] = {
+    ROUTER: {"skinny_c4": "skinny_s4", "narrow_r1kc": "narrow_r1c72", "narrow_r1gkc": "narrow_r1c72g", "narrow_r2kc": "narrow_r2c72", "narrow_r2klc": "narrow_r2c72l", "narrow_r3klc": "narrow_r3c72l", "narrow_r7": "narrow_r7n2", "narrow_r2k6": "narrow_r2t384k6", "narrow_r2k6c": "narrow_r2t384k6c104", "ring_c8": "ring_s8", "direct_c8": "direct_s8", "direct_c4": "direct_s4", "direct_c16": "direct_s16"},
+    FUSED_A: {"skinny_w10": "skinny_a10w6", "stream_c": "stream_w8p1", "stream_c6": "stream_w6p1", "stream_w4": "stream_w4p2", "stream_w3": "stream_w3p2", "stream_r2": "stream_r32w4p2", "stream_r2c": "stream_r32w8p1"},
+}
+
+
+class Named(dict):
+    """An op's configurations by name; an alias (:data:`ALIASES`) finds its configuration too, and
+    iteration gives the current names only."""
+
+    def __init__(self, items: dict, aliases: dict[str, str]):
+        super().__init__(items)
+        self.aliases = aliases
+
+    def canonical(self, name):
+        return self.aliases.get(name, name)
+
+    def __getitem__(self, name):
+        return super().__getitem__(self.canonical(name))
+
+    def get(self, name, default=None):
+        return super().get(self.canonical(name), default)
+
+    def __contains__(self, name) -> bool:
+        return super().__contains__(self.canonical(name))
+
+
+VARIANTS: dict[str, Named] = {op: Named(named, ALIASES[op]) for op, named in _VARIANTS.items()}
 FALLBACK_VARIANT = "skinny"  # serves every M of both ops: the choice where nothing was measured
 
 

@@ -23,11 +23,11 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..knobs import ENV_COMPILER
 from .resources import ResourceUsage, parse_ptxas_log
 from .sources import include_dirs, source_path
 from .spec import KernelInstance
 
-ENV_COMPILER = "SLIM_KERNEL_JIT_COMPILER"
 COMPILER_NAMES = ("nvrtc", "nvcc")
 # Flags shared by both compilers (the arch and -D macros are added per instance).
 COMMON_FLAGS = ("-std=c++17",)

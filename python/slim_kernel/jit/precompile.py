@@ -16,17 +16,15 @@ a directory belongs, ...); 2 bad input (unknown op, malformed or unsupported arc
 
 from __future__ import annotations
 
-import multiprocessing
 import os
 import sys
 import time
-import warnings
-from concurrent.futures import ProcessPoolExecutor, as_completed
 
 from ..models import add_shape_arguments, shapes_from_args
 from .arch import normalize_arch, sm_version
-from .cache import ENV_CACHE_DIR, cache_root, load_or_compile, os_reason, prepare_dir, verify_on_disk
-from .compiler import COMPILER_NAMES, ENV_COMPILER, CompileError, CompilerUnavailableError, get_compiler
+from .cache import ENV_CACHE_DIR, cache_root, os_reason, prepare_dir, verify_on_disk
+from .compiler import COMPILER_NAMES, ENV_COMPILER, get_compiler
+from .parallel import compile_all
 from .spec import KernelInstance
 
 # The shipped kernels use SM 9.0 PTX (griddepcontrol for PDL, ...); the op specs say min_sm=(9, 0).
@@ -113,19 +111,6 @@ def _default_archs() -> list[str]:
     return ["sm_90a"]
 
 
-def _compile_one(instance: KernelInstance, arch: str, compiler: str) -> tuple[bool, str | None]:
-    """``(compiled by this call, why it is not in the cache or None)``."""
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", RuntimeWarning)  # a store failure is reported per entry instead
-            entry = load_or_compile(instance, arch, compiler)
-    except (CompileError, CompilerUnavailableError, OSError) as exc:
-        return False, str(exc)
-    if entry.path is None:
-        return True, f"compiled but not stored: {entry.store_error}"
-    return entry.compiled, None
-
-
 def _progress_bar(total: int, wanted: bool):
     """A tqdm bar on stderr when wanted, on a terminal, with tqdm installed; else None."""
     if not wanted or not total or not sys.stderr.isatty():
@@ -137,28 +122,6 @@ def _progress_bar(total: int, wanted: bool):
     return tqdm(total=total, unit="kernel", desc="compiling", file=sys.stderr, leave=False)
 
 
-def compile_all(todo: list, compiler: str, jobs: int, bar=None) -> dict:
-    """``{(instance, arch): (compiled by this run, why it failed)}``."""
-    results = {}
-    workers = min(jobs, len(todo))
-    if workers <= 1:
-        for job in todo:
-            results[job] = _compile_one(*job, compiler)
-            if bar is not None:
-                bar.update(1)
-        return results
-    with ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("forkserver")) as pool:
-        futures = {pool.submit(_compile_one, *job, compiler): job for job in todo}
-        for fut in as_completed(futures):
-            try:
-                results[futures[fut]] = fut.result()
-            except Exception as exc:  # noqa: BLE001 - a worker that died: report it with the others
-                results[futures[fut]] = (False, f"compile worker failed: {exc!r}")
-            if bar is not None:
-                bar.update(1)
-    return results
-
-
 def _tune(shapes, ms_text: str) -> None:
     """`slim-kernel tune` of ``shapes`` on this GPU (RuntimeError/ValueError saying why it cannot)."""
     if not shapes:
@@ -168,7 +131,7 @@ def _tune(shapes, ms_text: str) -> None:
     path, data, notes = tune.tune(shapes, tune.parse_ms(ms_text), progress=True)
     for note in notes:
         print(f"note: {note}", file=sys.stderr)
-    print(f"tune: {len(data['entries'])} points in {path}")
+    print(f"tune: {len(data['measurements'][0]['entries'])} points in {path}")
 
 
 def run(args) -> int:

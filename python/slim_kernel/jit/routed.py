@@ -16,13 +16,14 @@ import os
 
 from .. import knobs, routing
 from . import catalogue as cat
+from .arch import limits
 from .spec import KernelInstance
 
 _RULES: dict[str, cat.Rules | None] = {}  # op -> rules set at run time or from the environment
 
 
 def env_var(op: str) -> str:
-    return f"SLIM_KERNEL_JIT_CONFIG_{op.upper()}"
+    return knobs.jit_config_var(op)
 
 
 def rules(op: str) -> cat.Rules | None:
@@ -56,13 +57,13 @@ def config_for(op: str, m: int, variant: str | None, shape: tuple[int, int] | No
 
 def target_device(arch: str) -> routing.Device:
     """The GPU precompile and info route for on ``arch``: the visible GPU of that arch, else the
-    device the shipped table was measured on (with that arch), else a 132-SM one."""
+    device the shipped table was measured on (with that arch), else the arch's reference part (jit.arch.LIMITS)."""
     want = routing_arch(arch)
     try:
         import torch
 
         if torch.cuda.is_available():
-            from ..registry import routing_device
+            from ..devices import routing_device
 
             for i in range(torch.cuda.device_count()):
                 dev = routing_device(torch.device("cuda", i))
@@ -70,8 +71,9 @@ def target_device(arch: str) -> routing.Device:
                     return dev
     except Exception:  # noqa: BLE001 - no torch or driver: route for the shipped table's device
         pass
-    tab = routing.table(want)
-    return routing.Device(tab.device or "unknown", tab.sms or 132, want) if tab else routing.Device("unknown", 132, want)
+    tab, reference = routing.table(want), limits(want).sms or limits("sm_90").sms
+    return routing.Device(tab.device or "unknown", tab.sms or reference, want) if tab else \
+        routing.Device("unknown", reference, want)
 
 
 def routing_arch(arch: str) -> str:

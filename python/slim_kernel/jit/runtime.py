@@ -11,6 +11,7 @@ import os
 import threading
 from types import ModuleType
 
+from ..knobs import ENV_LAUNCHER
 from . import _pylauncher
 from .arch import arch_for_device
 from .cache import get_entry
@@ -19,7 +20,6 @@ from .compiler import CompilerUnavailableError, get_compiler
 from .resources import ResourceUsage
 from .spec import KernelInstance
 
-ENV_LAUNCHER = "SLIM_KERNEL_LAUNCHER"
 LAUNCHERS = ("native", "python")
 CARVEOUT_ATTR = 9  # CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT
 LAUNCH_CARVEOUT_DRIVER = 12060  # CU_LAUNCH_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT is in CUDA 12.6's cuda.h
@@ -31,9 +31,9 @@ def carveout_percent(smem: int, ctas: int, sms: int, per_sm: int, room: int, clu
     a CTA of the kernel before it on the stream. With PDL our CTAs start while that kernel's last CTAs
     run; where the driver's own choice leaves them no room, those SMs take our CTA only after theirs
     exit (H200, GLM-5's router at M=10: 31 KB in a 32 KB carveout, 4.31 us against 3.59 with room after
-    flashinfer's RMSNorm, 4.57 against 3.57 after its fused_add_rmsnorm, whose CTA takes 24-29 KB; runs 109-111).
+    flashinfer's RMSNorm, 4.57 against 3.57 after its fused_add_rmsnorm, whose CTA takes 24-29 KB).
     None: leave the driver's choice: no room asked for, no CTA fits, or a cluster launch (sized for one
-    CTA per SM, 8-CTA clusters of ring_c8 and skinny took a second wave: 1.6-1.8x slower, run 111)."""
+    CTA per SM, 8-CTA clusters of ring_c8 and skinny took a second wave: 1.6-1.8x slower)."""
     block = smem + SMEM_RESERVED_PER_CTA
     fit = per_sm // block if per_sm > 0 else 0
     if room <= 0 or fit < 1 or cluster:
@@ -73,7 +73,7 @@ class LoadedKernel:
         """The ``carveout`` argument of the launches of a plan that wants ``percent`` (None: the driver's
         choice). Each launch carries its own where the driver takes it (:func:`launch_carveout_supported`):
         plans of one kernel at different M want different carveouts, and one raised for M=16 slowed the
-        same kernel at M 6-10 by 3-8% (H200 runs 118-122). Older drivers: the function's attribute,
+        same kernel at M 6-10 by 3-8% (H200). Older drivers: the function's attribute,
         raised to the largest any plan asked for, and None."""
         if percent is None:
             return None

@@ -14,7 +14,6 @@ the registered op, whose CPU/CUDA kernel uses the same plans.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 from dataclasses import dataclass
 
@@ -173,15 +172,3 @@ class Op:
         except (TypeError, RuntimeError):  # an unhashable or odd argument: validate() names it
             return None
         return key
-
-
-def module_probe(name: str, what: str):
-    """A spec probe saying whether an optional dependency is installed, without importing it."""
-
-    def probe() -> str | None:
-        return None if importlib.util.find_spec(name) is not None else f"{what} is not installed"
-
-    return probe
-
-
-flashinfer_probe = module_probe("flashinfer", "flashinfer-python")

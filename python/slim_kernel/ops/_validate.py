@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from ..backend import NAMES
+
 
 def tensor(name: str, value) -> torch.Tensor:
     if not isinstance(value, torch.Tensor):
@@ -18,7 +20,8 @@ def tensor(name: str, value) -> torch.Tensor:
 def backend_arg(value) -> None:
     """``backend=`` is None or a backend name (checked by name in the registry)."""
     if value is not None and not isinstance(value, str):
-        raise TypeError(f"backend must be a str ('jit', 'flashinfer' or 'torch') or None, got {type(value).__name__}")
+        raise TypeError(f"backend must be a str (one of {', '.join(map(repr, NAMES))}) or None, "
+                        f"got {type(value).__name__}")
 
 
 def dtype_arg(name: str, value, allowed: tuple[torch.dtype, ...]) -> torch.dtype:

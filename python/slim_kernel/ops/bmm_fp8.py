@@ -5,29 +5,19 @@ from __future__ import annotations
 import torch
 
 from .. import registry
+from ..backends import flashinfer as _fi
 from ..names import BMM_FP8 as OP
 from ..registry import KernelBackend, KernelSpec
 from . import _validate as v
-from ._dispatch import Op, flashinfer_probe
+from ._dispatch import Op
 
 FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
 OUT_DTYPES = (torch.bfloat16, torch.float16)
 
 
-def _flashinfer_check(out, A, B, A_scale, B_scale) -> str | None:
-    # cuBLASLt fp8: no e5m2 x e5m2, 16-byte aligned leading dimensions.
-    if A.dtype == torch.float8_e5m2 and B.dtype == torch.float8_e5m2:
-        return "cuBLASLt has no e5m2 x e5m2 fp8 GEMM"
-    if A.shape[2] % 16:
-        return f"k={A.shape[2]} is not a multiple of 16"
-    if B.shape[2] % 8:
-        return f"n={B.shape[2]} is not a multiple of 8"
-    return None
-
-
 registry.register(
     KernelSpec(OP, KernelBackend.FLASHINFER, "slim_kernel.backends.flashinfer:bmm_fp8",
-               min_sm=(8, 9), check=_flashinfer_check, probe=flashinfer_probe,
+               min_sm=(8, 9), check=_fi.bmm_fp8_check, probe=_fi.BACKEND.probe,
                note="flashinfer.bmm_fp8(backend='cublas'), bit-identical"),
     KernelSpec(OP, KernelBackend.TORCH, "slim_kernel.backends.torch_ref:bmm_fp8",
                device_types=frozenset({"cpu", "cuda"}), note="fp32 reference, any shape"),

@@ -5,31 +5,12 @@ from __future__ import annotations
 import torch
 
 from .. import registry
+from ..backends import flashinfer as _fi
 from ..backends import jit as _jit
 from ..names import FUSED_A as OP
 from ..registry import KernelBackend, KernelSpec
 from . import _validate as v
-from ._dispatch import Op, flashinfer_probe
-
-
-def _flashinfer_check(output, mat_a, mat_b) -> str | None:
-    m, k = mat_a.shape
-    n = mat_b.shape[1]
-    if not 1 <= m <= 64:
-        return f"M={m} is outside 1..64"
-    if k % 64:
-        return f"K={k} is not a multiple of 64"
-    if n % 16:
-        return f"N={n} is not a multiple of 16"
-    if not mat_b.t().is_contiguous():
-        return "mat_b is not the transpose of a contiguous (N, K) weight"
-    # the backend passes mat_a.contiguous(): a contiguous view is passed as is, and tinygemm's
-    # 16-byte loads fault on one that is not 16-byte aligned (e.g. a one-row slice)
-    if mat_a.is_contiguous() and mat_a.data_ptr() % 16:
-        return "mat_a is contiguous but not 16-byte aligned"
-    if mat_b.data_ptr() % 16:
-        return "mat_b is not 16-byte aligned"
-    return None
+from ._dispatch import Op
 
 
 def _shape_key(output, mat_a, mat_b):
@@ -43,11 +24,11 @@ def _shape_key(output, mat_a, mat_b):
 # SM >= 9.0; tinygemm needs K % 64, N % 16 (M <= 64 here: the JIT window).
 registry.register(
     KernelSpec(OP, KernelBackend.JIT, "slim_kernel.backends.jit:prepare_fused_a", prepare=True,
-               min_sm=(9, 0), check=_jit.fused_a_check, probe=_jit.probe,
+               min_sm=(9, 0), check=_jit.fused_a_check, probe=_jit.BACKEND.probe,
                note="our JIT kernels: M<=64, any N, K%8 (narrow: a CTA per few rows over the whole K, M<=16; stream: "
                     "loader warps and an mbarrier ring, M<=32; skinny: per-thread cp.async ring, split-K over warps)"),
     KernelSpec(OP, KernelBackend.FLASHINFER, "slim_kernel.backends.flashinfer:prepare_fused_a", prepare=True,
-               min_sm=(9, 0), check=_flashinfer_check, probe=flashinfer_probe,
+               min_sm=(9, 0), check=_fi.fused_a_check, probe=_fi.BACKEND.probe,
                note="flashinfer tinygemm_bf16(mat_a, mat_b.T), or a pinned sm_90a program (variants s8il, cn16)"),
     KernelSpec(OP, KernelBackend.TORCH, "slim_kernel.backends.torch_ref:dsv3_fused_a_gemm",
                device_types=frozenset({"cpu", "cuda"}), note="fp32-accumulating reference, any shape"),

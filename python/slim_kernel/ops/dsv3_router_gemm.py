@@ -5,33 +5,14 @@ from __future__ import annotations
 import torch
 
 from .. import registry
+from ..backends import flashinfer as _fi
 from ..backends import jit as _jit
-from ..names import FLASHINFER_ROUTERS
 from ..names import ROUTER as OP
 from ..registry import KernelBackend, KernelSpec
 from . import _validate as v
-from ._dispatch import Op, flashinfer_probe
+from ._dispatch import Op
 
 OUT_DTYPES = (torch.float32, torch.bfloat16)
-
-
-def _flashinfer_check(output, hidden_states, router_weights) -> str | None:
-    m, k = hidden_states.shape
-    if not 1 <= m <= 16:
-        return f"M={m} is outside 1..16"
-    e, out = router_weights.shape[0], str(output.dtype).removeprefix("torch.")
-    if (e, k, out) not in FLASHINFER_ROUTERS:
-        shipped = ", ".join(f"{e}x{k} {o}" for e, k, o in sorted(FLASHINFER_ROUTERS))
-        return f"flashinfer ships no router for E={e} K={k} {out} out (it has {shipped})"
-    if not router_weights.is_contiguous():
-        return "router_weights is not contiguous"
-    # the backend passes hidden_states.contiguous(): a contiguous view is passed as is, and
-    # flashinfer's 16-byte loads fault on one that is not 16-byte aligned (e.g. a one-row slice)
-    if hidden_states.is_contiguous() and hidden_states.data_ptr() % 16:
-        return "hidden_states is contiguous but not 16-byte aligned"
-    if router_weights.data_ptr() % 16:
-        return "router_weights is not 16-byte aligned"
-    return None
 
 
 def _shape_key(output, hidden_states, router_weights):
@@ -45,10 +26,10 @@ def _shape_key(output, hidden_states, router_weights):
 # SM >= 9.0; flashinfer covers its fixed shapes (names.FLASHINFER_ROUTERS), M <= 16, SM 9.0-10.x.
 registry.register(
     KernelSpec(OP, KernelBackend.JIT, "slim_kernel.backends.jit:prepare_router", prepare=True,
-               min_sm=(9, 0), check=_jit.router_check, probe=_jit.probe,
+               min_sm=(9, 0), check=_jit.router_check, probe=_jit.BACKEND.probe,
                note="our JIT kernels: M<=64, any E, K%8 (narrow: a CTA per few experts; direct, ring, skinny: cluster split-K)"),
     KernelSpec(OP, KernelBackend.FLASHINFER, "slim_kernel.backends.flashinfer:prepare_router", prepare=True,
-               min_sm=(9, 0), max_sm=(10, 7), check=_flashinfer_check, probe=flashinfer_probe,
+               min_sm=(9, 0), max_sm=(10, 7), check=_fi.router_check, probe=_fi.BACKEND.probe,
                note="flashinfer mm_M1_16_K{K}_N{E}[_bf16]: E 128/256/384/896, K 7168 (and 6144 at E=256)"),
     KernelSpec(OP, KernelBackend.TORCH, "slim_kernel.backends.torch_ref:dsv3_router_gemm",
                device_types=frozenset({"cpu", "cuda"}), note="fp32-accumulating reference, any shape"),

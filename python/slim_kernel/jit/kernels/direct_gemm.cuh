@@ -5,7 +5,7 @@
 // registers, a round's weight loads all before griddepcontrol.wait and its token loads all right
 // after, so a CTA's bytes are one round trip in flight, as in narrow_gemm.cuh. Against narrow, one
 // MMA does 16 rows x 8 tokens x 16 k, and a token is read once per 16-row tile rather than once per
-// CTA of 1-3 rows (ncu at router E=384 M=8, run 69: narrow's 2.15M instructions and 23.7 MB of L2
+// CTA of 1-3 rows (ncu at router E=384 M=8: narrow's 2.15M instructions and 23.7 MB of L2
 // traffic against 5.6 MB of weights).
 //  * The rank's share of 32-k blocks [b0, b1) is dealt round-robin: block b0 + i*WARPS + warp to
 //    warp `warp`, BPW blocks per warp and round. Lane (g, t) loads k 8t..8t+7 of the block for

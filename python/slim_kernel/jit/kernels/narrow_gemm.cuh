@@ -12,15 +12,15 @@
 //    FMAs (CUDA cores; ROWS*M*K per CTA is small for few rows and tokens).
 //  * Loads are coherent ld.global.L1::no_allocate (ptx.cuh: why not .nc), or (PLAIN) L1-allocating.
 //    After a PDL-aware producer PLAIN was 0.05-0.16 us faster for one row per CTA at M 2-4, after a
-//    PDL-unaware one 0.05-0.25 us slower (H200 runs 47-48, when only PLAIN kept the weight loads before the wait).
+//    PDL-unaware one 0.05-0.25 us slower (H200, when only PLAIN kept the weight loads before the wait).
 //  * EXACT > 0: the caller checked K == EXACT, M == MT and N % ROWS == 0 (its own instance), so the round loop, the
 //    chunk, row and token predicates and the per-token branches fold away (a straight-line body,
 //    as sglang's tiny_gemm is by being compiled per K, N and M). K alone: 0.05-0.2 us faster at
-//    M 1-3 (run 51). The catalogue compiles it for any K that one round of THREADS = K / (8 CPT) covers
+//    M 1-3. The catalogue compiles it for any K that one round of THREADS = K / (8 CPT) covers
 //    where the configuration's own K is one round (K-fitted: Narrow.fitted_threads).
 //  * LATE: the PDL trigger after the FMAs instead of at entry (the next kernel's CTAs do not
-//    take SMs while this one still needs them). Under the 72-register cap it is the pick at M=6 (run 57);
-//    uncapped it gained nothing (run 55).
+//    take SMs while this one still needs them). Under the 72-register cap it is the pick at M=6;
+//    uncapped it gained nothing.
 //  * Reduction in a fixed order: every thread's ROWS*M partials go to shared memory (value-major,
 //    conflict-free), then warp w sums outputs w, w+WARPS, ...: each lane adds WARPS partials,
 //    then a butterfly over the lanes. Repeated runs are bit-identical.

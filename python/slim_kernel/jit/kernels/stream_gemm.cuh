@@ -10,7 +10,7 @@
 //    prefetch 128 bytes into L2, not 256. Longer pieces in fewer stages stream faster: at M <= 16
 //    two pieces in 4 stages beat one piece in 8 (the same ring bytes) by 0.1-0.25 us, and one piece
 //    beat four 128-byte lines from four K regions (sglang's order, and ours before) by 0.05-0.2 us
-//    in the decode step (runs 62-65).
+//    in the decode step.
 //  * A row takes 512P bytes of a stage; chunk c of row r sits at chunk c ^ (r % 8), so the
 //    ldmatrix reads of 8 rows at one k hit 8 different bank groups.
 //  * Every loader thread signals a stage's "full" mbarrier with cp.async.mbarrier.arrive.noinc:
@@ -23,7 +23,7 @@
 //    are triggered once every copy is issued (loaders) and the ring's last fill is reached (compute
 //    warps), about a ring's worth of stages before the end: the next kernel's launch stays hidden, and
 //    it does not sit on the SMs for the whole GEMM. Triggered at entry, a PDL-aware RMSNorm after the
-//    GEMM started 8-13 us before its end and the GEMM ran 0.1-0.5 us longer (H200 runs 139-140).
+//    GEMM started 8-13 us before its end and the GEMM ran 0.1-0.5 us longer (H200, a kernel timeline).
 //  * The four compute warps' partials are summed in a fixed order (reduce.cuh).
 //
 // Launch contract (slim_kernel/jit/catalogue.py, family "stream"):
