@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from ..cubin import decode_sm
 from .elf import STT_FUNC, ElfFile, HitStrings
-from .limits import Limits, MalformedBinaryError
+from .limits import HostileArchiveError, Limits
 from .rules import Rules
 from .stream import WINDOW, SpanStore, context_windows, window_matches
 
@@ -61,7 +61,7 @@ class _Tus:
                 name = name[: -len(ext)] + "." + ext[1:]
                 break
         if name not in self.found and len(self.found) >= self._limit:
-            raise MalformedBinaryError(f"{self._what}: more than {self._limit} translation units (hostile?)")
+            raise HostileArchiveError(f"{self._what}: more than {self._limit} translation units (hostile?)")
         self.found[name] = None
 
     def ops(self, rules: Rules) -> tuple[str, ...]:
@@ -120,7 +120,7 @@ def _cubin_names(elf: ElfFile, code: DeviceCode, rules: Rules, limits: Limits, w
         if hash(name) in seen:
             return False
         if len(seen) >= limits.max_candidates:
-            raise MalformedBinaryError(f"{what}: more than {limits.max_candidates:,} candidate names")
+            raise HostileArchiveError(f"{what}: more than {limits.max_candidates:,} candidate names")
         seen.add(hash(name))
         return True
 

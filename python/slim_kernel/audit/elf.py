@@ -14,7 +14,7 @@ from array import array
 from bisect import bisect_right
 from typing import NamedTuple
 
-from .limits import Budget, Limits, MalformedBinaryError
+from .limits import Budget, HostileArchiveError, Limits, MalformedBinaryError
 from .stream import WINDOW, context_windows
 
 ELF_MAGIC = b"\x7fELF"
@@ -90,14 +90,14 @@ class ElfFile:
         if shstrndx == SHN_XINDEX:
             shstrndx = first[6]
         if shnum > self.limits.max_sections:
-            raise MalformedBinaryError(f"{self.what}: {shnum} sections exceed the limit")
+            raise HostileArchiveError(f"{self.what}: {shnum} sections exceed the limit")
         table = self._read(shoff, shnum * entsize)
         raw = list(struct.iter_unpack(fmt, table))
         names = b""
         if 0 < shstrndx < shnum:
             s = raw[shstrndx]
             if s[1] != SHT_NOBITS and s[5] > self.limits.max_section_names:
-                raise MalformedBinaryError(
+                raise HostileArchiveError(
                     f"{self.what}: section name table of {s[5]} bytes is over the limit"
                 )
             names = self._read(s[4], s[5]) if s[1] != SHT_NOBITS else b""
@@ -114,7 +114,7 @@ class ElfFile:
                 text = decoded[name] = cstr(names, name).decode("latin-1")
                 budget -= len(text)
                 if budget < 0:
-                    raise MalformedBinaryError(
+                    raise HostileArchiveError(
                         f"{self.what}: section names total more than {self.limits.max_section_names:,} bytes"
                     )
             sections.append(Section(i, text, typ, flags, off, size, link, ent))
@@ -160,7 +160,7 @@ class ElfFile:
         if sec.size % entsize:
             raise MalformedBinaryError(f"{self.what}: {sec.name} size is not a multiple of {entsize}")
         if sec.size // entsize > self.limits.max_symbols:
-            raise MalformedBinaryError(f"{self.what}: {sec.name} has too many symbols")
+            raise HostileArchiveError(f"{self.what}: {sec.name} has too many symbols")
         budget = budget or Budget()
         seen: set[int] = set()
         for _, data in self.chunks(sec, (WINDOW // entsize) * entsize):
@@ -230,7 +230,7 @@ class HitStrings:
                 if self.starts and self.starts[-1] == start:
                     self.lasts[-1] = last
                 elif len(self.starts) >= limits.max_hit_strings:
-                    raise MalformedBinaryError(
+                    raise HostileArchiveError(
                         f"{elf.what}: more than {limits.max_hit_strings:,} strings in {strtab.name} "
                         "hold retired op names (hostile?)"
                     )

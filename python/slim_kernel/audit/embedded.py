@@ -17,7 +17,7 @@ import struct
 from . import fatbin
 from .device import summarize_cubin, summarize_ptx
 from .elf import ELF_MAGIC, EM_CUDA
-from .limits import MalformedBinaryError
+from .limits import UNPARSABLE, MalformedBinaryError, unparsable_reason
 from .stream import CHUNK, SpanStore
 
 CUBIN_HEADER = 64
@@ -159,8 +159,12 @@ def device_code(col, kind, windows, size, what, layers, stored, compression="non
         for data in windows:
             store.add(at, data)
             at += len(data)
-        if kind == "cubin":
-            code = summarize_cubin(store, ctx.rules, ctx.limits, what, arch, ctx.budget)
-        else:
-            code = summarize_ptx(store, ctx.rules, ctx.limits, what, arch)
+        try:
+            if kind == "cubin":
+                code = summarize_cubin(store, ctx.rules, ctx.limits, what, arch, ctx.budget)
+            else:
+                code = summarize_ptx(store, ctx.rules, ctx.limits, what, arch)
+        except UNPARSABLE as exc:  # this payload cannot be parsed: listed, the rest is read on
+            col.unreadable(layers[1], unparsable_reason(exc))
+            return
         col.add_device(code, layers, stored, size, compression)

@@ -6,6 +6,7 @@ Every limit is documented in audit/README.md ("Limits"); change both together.
 from __future__ import annotations
 
 import math
+import struct
 import time
 from dataclasses import dataclass
 
@@ -24,6 +25,16 @@ class MalformedBinaryError(AuditInputError):
 
 class TimeLimitError(AuditInputError):
     """The wheel took longer than `Limits.max_seconds` to scan."""
+
+
+# what a parser raises on content it cannot read (a bound is never one: HostileArchiveError)
+UNPARSABLE = (MalformedBinaryError, struct.error, IndexError, ValueError, OverflowError, UnicodeError)
+
+
+def unparsable_reason(exc: Exception) -> str:
+    if isinstance(exc, MalformedBinaryError):
+        return str(exc)
+    return f"malformed content ({type(exc).__name__}: {exc})"
 
 
 class MissingDependencyError(Exception):

@@ -25,7 +25,9 @@ from .limits import (
     NESTED_MEMBER_WEIGHT,
     AuditInputError,
     HostileArchiveError,
+    MalformedBinaryError,
     MissingDependencyError,
+    TimeLimitError,
     check_ratio,
 )
 from .stream import WINDOW, PrivateSpill, SubReader, copy_to_file
@@ -68,10 +70,12 @@ def scan_archive(kind: str, src, col, ctx, depth: int, scan_member) -> None:
             ctx.budget.count(ctx.limits, name, NESTED_MEMBER_WEIGHT)
             _merge(col, scan_member(stream, name, unpacked, compressed, ctx, depth=depth + 1))
         src.skip(src.remaining)  # the rest (a central directory, padding) still gets its CRC checked
-    except AuditInputError as exc:
+    except (HostileArchiveError, TimeLimitError) as exc:  # a bound: the wheel is refused
         raise type(exc)(f"{scan.member} (nested {kind}): {exc}") from None
+    except AuditInputError as exc:  # a nested archive that cannot be read: this member is unreadable
+        raise MalformedBinaryError(f"{scan.member} (nested {kind}): {exc}") from None
     except (tarfile.TarError, EOFError, OSError, ValueError, struct.error, zlib.error, lzma.LZMAError) as exc:
-        raise AuditInputError(f"{scan.member} (nested {kind}): unreadable: {exc}") from None
+        raise MalformedBinaryError(f"{scan.member} (nested {kind}): unreadable: {exc}") from None
     scan.stats[f"nested_{kind}"] += 1
 
 
@@ -188,6 +192,10 @@ def _merge(col, inner) -> None:
     for hit in inner.hits:
         hit.evidence = f"{inner.member}: {hit.evidence}"
         col.hit(hit)
+    for m in inner.mentions:
+        col.mention(m["op"], m["layer"], f"{inner.member}: {m['evidence']}")
+    for u in inner.unreadable:
+        col.unreadable(u["layer"], f"{inner.member}: {u['reason']}")
     outer.blobs.extend(inner.blobs)
     for r in inner.routed:
         r["member"] = f"{outer.member}!{r['member']}"

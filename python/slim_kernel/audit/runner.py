@@ -10,15 +10,14 @@ from __future__ import annotations
 import itertools
 import multiprocessing
 import os
-import struct
 import sys
 import time
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import dataclass, field, replace
 
-from .limits import AuditInputError, Budget, HostileArchiveError, MalformedBinaryError, MiB, too_many_items
+from .limits import Budget, HostileArchiveError, MiB, too_many_items
 from .scan import MemberScan, ScanContext, scan_member
-from .wheel import Member, WheelArchive, member_stream, open_regular
+from .wheel import Member, WheelArchive, member_stream, open_regular, verify_member
 
 BIG_MEMBER = 16 * MiB
 BATCH_BYTES = 32 * MiB
@@ -115,16 +114,10 @@ def _scan_task(path: str, members: list[Member], ctx: ScanContext, report=None):
     out = []
     with open_regular(path) as f:
         for m in members:  # validated by the parent: read each straight from its offset
-            try:
-                out.append(
-                    scan_member(member_stream(f, m), m.name, m.unpacked, m.compressed, ctx, on_progress)
-                )
-            except AuditInputError:
-                raise
-            except (struct.error, IndexError, ValueError, OverflowError, UnicodeError) as exc:
-                raise MalformedBinaryError(
-                    f"{m.name}: malformed content ({type(exc).__name__}: {exc})"
-                ) from None
+            scan = scan_member(member_stream(f, m), m.name, m.unpacked, m.compressed, ctx, on_progress)
+            if scan.unreadable:  # its parse stopped early: the archive's own check (CRC) still runs
+                verify_member(f, m, ctx.budget)
+            out.append(scan)
     _emit(report, pending[0])
     return out, ctx.budget.items
 

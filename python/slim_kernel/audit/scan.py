@@ -19,7 +19,7 @@ from . import demangle, fatbin, nested
 from .device import DeviceCode
 from .elf import ELF_MAGIC, EM_CUDA, ElfFile, HitStrings
 from .embedded import device_code, device_split
-from .limits import Budget, Limits, MalformedBinaryError
+from .limits import UNPARSABLE, Budget, HostileArchiveError, Limits, MalformedBinaryError, unparsable_reason
 from .rules import Rules
 from .stream import Pull, SpanStore, SubReader, context_windows
 
@@ -134,7 +134,7 @@ class _Collector:
         self._examined += 1
         self.ctx.budget.count(self.ctx.limits, self.scan.member, 1 + len(name) // 64)
         if self._examined > self.ctx.limits.max_candidates:
-            raise MalformedBinaryError(
+            raise HostileArchiveError(
                 f"{self.scan.member}: more than {self.ctx.limits.max_candidates:,} names to examine (hostile?)"
             )
         found = dict.fromkeys([*ops, *self.ctx.rules.match(name)])
@@ -311,7 +311,7 @@ def _scan_ar(src: Pull, col: _Collector, ctx: ScanContext, label: str) -> None:
             raise MalformedBinaryError(f"{label}: ar member of {size} bytes, only {src.remaining} left")
         if name == b"//":
             if size > MAX_AR_NAMES:
-                raise MalformedBinaryError(f"{label}: ar name table of {size} bytes is over the limit")
+                raise HostileArchiveError(f"{label}: ar name table of {size} bytes is over the limit")
             long_names = src.take(size)
         elif name in (b"/", b"/SYM64/") or size < 4:
             src.skip(size)
@@ -320,13 +320,18 @@ def _scan_ar(src: Pull, col: _Collector, ctx: ScanContext, label: str) -> None:
                 off = int(name[1:])
                 name = long_names[off : long_names.find(b"\n", off)] if off < len(long_names) else name
             what = f"{label}({name.rstrip(b'/').decode('latin-1')[:256]})"
-            sub = Pull(SubReader(src, size), size, what, budget=ctx.budget)
-            sub.fill(4)
-            if sub.peek(4) == ELF_MAGIC:
-                _scan_host_elf(sub, col, ctx, sub.what)
-            else:
-                for _ in device_split(sub, col, _data_file_layers, strict=False):
-                    pass
+            reader = SubReader(src, size)
+            sub = Pull(reader, size, what, budget=ctx.budget)
+            try:
+                sub.fill(4)
+                if sub.peek(4) == ELF_MAGIC:
+                    _scan_host_elf(sub, col, ctx, sub.what)
+                else:
+                    for _ in device_split(sub, col, _data_file_layers, strict=False):
+                        pass
+            except UNPARSABLE as exc:  # one object that cannot be parsed: the others are still read
+                col.unreadable("member", unparsable_reason(exc))
+                reader.drain()
         if size % 2 and src.remaining:
             src.take(1)
 
@@ -377,6 +382,17 @@ def scan_member(
     kind = classify(name, src.peek(SNIFF))
     scan = MemberScan(name, kind, unpacked, compressed)
     col = _Collector(scan, ctx)
+    try:
+        _dispatch(kind, src, col, ctx, depth)
+    except UNPARSABLE as exc:
+        # the member's content cannot be parsed: listed with its reason (evidence already found
+        # is kept), the rest of the wheel is judged; bounds and the archive's own errors propagate
+        col.unreadable("member", unparsable_reason(exc))
+    return scan
+
+
+def _dispatch(kind: str, src: Pull, col: _Collector, ctx: ScanContext, depth: int) -> None:
+    scan, name, unpacked = col.scan, col.scan.member, src.size
     if kind == "elf":
         _scan_host_elf(src, col, ctx, name)
     elif kind == "ar":
@@ -385,7 +401,7 @@ def scan_member(
         nested.scan_archive(kind, src, col, ctx, depth, scan_member)
     elif kind in ("cubin", "ptx"):
         if unpacked > ctx.limits.max_entry_unpacked:
-            raise MalformedBinaryError(f"{name}: {unpacked}-byte device file is over the limit")
+            raise HostileArchiveError(f"{name}: {unpacked}-byte device file is over the limit")
         windows = (data for _, data in src.pieces())
         device_code(col, kind, windows, unpacked, name, (f"shipped-{kind}",) * 2, unpacked)
         scan.stats[f"shipped_{kind}"] += 1
@@ -397,7 +413,6 @@ def scan_member(
             for _ in pieces:
                 pass
             scan.stats[f"shipped_{kind}"] += 1
-    return scan
 
 
 def _embedded_layers(kind: str) -> tuple[str, str]:

@@ -304,6 +304,15 @@ def member_stream(f, member: Member) -> MemberStream:
         raise AuditInputError(f"cannot read member {member.name!r}: {exc}") from None
 
 
+def verify_member(f, member: Member, budget) -> None:
+    """Read a member of the archive open as `f` to its end, so its size and CRC-32 are checked
+    (`AuditInputError` if they fail), in bounded memory."""
+    stream = member_stream(f, member)
+    buf = memoryview(bytearray(min(member.unpacked, 8 << 20) or 1))
+    while read_member(stream, buf, member.name):
+        budget.check_time()
+
+
 @functools.cache
 def _fast_inflater():
     """`isal.isal_zlib` when installed (optional speed-up), else None (looked up once)."""
