@@ -82,6 +82,8 @@ class Limits:
     # examined. sgl-kernel 0.3.21: 6,262.
     max_items: int = 250_000
     max_text_lines: int = 10_000  # routed/info lines examined per text member
+    # ... and per wheel: their own cap, apart from max_items (the rest are counted, never refused)
+    max_routed_lines: int = 200_000
     # steps per wheel that cost a few nanoseconds each: symbol-table rows read, bytes of names
     # and strings examined (per KiB). sgl-kernel 0.3.21: see audit/README.md.
     max_steps: int = 40_000_000
@@ -99,6 +101,7 @@ class Budget:
     items: int = 0
     steps: int = 0
     spilled: int = 0
+    routed: int = 0
     limits: Limits = Limits()
 
     @classmethod
@@ -118,6 +121,11 @@ class Budget:
         self.items += weight
         if self.items > limits.max_items:
             raise HostileArchiveError(f"{what}: {too_many_items(limits)}")
+
+    def routed_line(self) -> bool:
+        """Count one routed (info) text line; False once the wheel's own cap for them is reached."""
+        self.routed += 1
+        return self.routed <= self.limits.max_routed_lines
 
     def step(self, n: int, what: str) -> None:
         """Count `n` cheap steps (symbol rows, KiB of names and strings examined)."""

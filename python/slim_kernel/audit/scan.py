@@ -34,6 +34,8 @@ _PYTHON = {".py", ".pyi", ".pyx", ".pxd"}
 _SOURCES = {".cu", ".cuh", ".h", ".hh", ".hpp", ".cc", ".cpp", ".cxx", ".c", ".inl", ".inc"}
 _ROUTED = {**dict.fromkeys(_PYTHON, "python"), **dict.fromkeys(_SOURCES, "jit-source")}  # by suffix
 _PRINTABLE = re.compile(rb"[\x20-\x7e]*")
+_IDENT_END = re.compile(rb"[A-Za-z0-9_]*")
+_IDENT_BYTES = frozenset(bytes([c]) for c in b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_")
 
 
 @dataclass(frozen=True)
@@ -337,26 +339,50 @@ def _scan_ar(src: Pull, col: _Collector, ctx: ScanContext, label: str) -> None:
 
 
 # -- text-like members: routed/info only ----------------------------------------------------
+def _line_around(data: bytes, pos: int, lo: int) -> tuple[int, int]:
+    """[start, end) of the text line around `pos`, at most LINE_CONTEXT bytes either side, cut
+    only between identifiers (a cut word is dropped, never read as a shorter name); each
+    search is bounded, so a hit costs O(LINE_CONTEXT) however long its line."""
+    start = max(data.rfind(b"\n", max(0, pos - LINE_CONTEXT), pos) + 1, pos - LINE_CONTEXT, 0)
+    if start and data[start - 1 : start] in _IDENT_BYTES:  # a cut word: start after it (the
+        start = _IDENT_END.match(data, start, max(start, pos - 1)).end()  # byte before the hit stays)
+    end = data.find(b"\n", pos, pos + LINE_CONTEXT)
+    if end < 0:  # cut inside the line: end before a word (the hit's own word is kept whole)
+        end = min(len(data), pos + LINE_CONTEXT)
+        word_end = _IDENT_END.match(data, pos, min(len(data), pos + LINE_CONTEXT + RUN_LIMIT)).end()
+        end = max(word_end, _word_start(data, end, word_end))
+    return start, end
+
+
+def _word_start(data: bytes, end: int, floor: int) -> int:
+    """`end` moved back to the start of the identifier it cuts (not before `floor`)."""
+    at = end
+    while at > floor and data[at - 1 : at] in _IDENT_BYTES:
+        at -= 1
+    return at if at < end and end < len(data) and data[end : end + 1] in _IDENT_BYTES else end
+
+
 def _scan_text(pieces, scan: MemberScan, ctx: ScanContext) -> None:
-    """Lines naming retired ops in (offset, bytes) `pieces` of a text member: routed/info."""
+    """Lines naming retired ops in (offset, bytes) `pieces` of a text member: routed/info.
+    Routed lines have their own caps (per member and per wheel), apart from the item budget
+    for hostile work: a legit package may name the ops in many tuning tables; lines past a cap
+    are counted only."""
     counts: dict[str, int] = {}
     snippets: dict[str, list[str]] = {}
     covered, lines = 0, 0
     limit = ctx.limits.max_text_lines
-    for base, data, lo, hi in context_windows(pieces, LINE_CONTEXT):
+    for base, data, lo, hi in context_windows(pieces, LINE_CONTEXT + RUN_LIMIT):
         if lines >= limit:  # enough evidence: drain the rest for the CRC check only
             continue
         find = ctx.rules.finder(data, lo, hi)
         pos = find.find(max(covered - base, lo))
         while pos >= 0:
-            ctx.budget.count(ctx.limits, scan.member)
             lines += 1
-            if lines > limit:
+            if lines > limit or not ctx.budget.routed_line():
+                lines = max(lines, limit)
                 scan.stats["routed_truncated"] += 1
                 break
-            start = max(data.rfind(b"\n", 0, pos) + 1, pos - LINE_CONTEXT)
-            end = data.find(b"\n", pos)
-            end = min(end if end >= 0 else len(data), pos + LINE_CONTEXT)
+            start, end = _line_around(data, pos, lo)
             line = data[start:end].decode("utf-8", "replace").strip()
             for op in ctx.rules.match(line):
                 counts[op] = counts.get(op, 0) + 1
