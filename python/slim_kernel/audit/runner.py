@@ -114,7 +114,7 @@ def _scan_task(path: str, members: list[Member], ctx: ScanContext, report=None):
     out = []
     with open_regular(path) as f:
         for m in members:  # validated by the parent: read each straight from its offset
-            scan = scan_member(member_stream(f, m), m.name, m.unpacked, m.compressed, ctx, on_progress)
+            scan = scan_member(member_stream(f, m, ctx.limits), m.name, m.unpacked, m.compressed, ctx, on_progress)
             if scan.unreadable:  # its parse stopped early: the archive's own check (CRC) still runs
                 verify_member(f, m, ctx.budget)
             out.append(scan)

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 from . import demangle, fatbin, nested
 from .device import DeviceCode
-from .elf import ELF_MAGIC, EM_CUDA, ElfFile, HitStrings
+from .elf import ELF_MAGIC, EM_CUDA, PT_LOAD, ElfFile, HitStrings
 from .embedded import device_code, device_split
 from .limits import UNPARSABLE, Budget, HostileArchiveError, Limits, MalformedBinaryError, unparsable_reason
 from .rules import Rules
@@ -233,6 +233,22 @@ def _merged(spans):
     return out
 
 
+def _without(spans, holes):
+    """Sorted, merged (offset, length) `spans` minus the sorted, merged `holes`."""
+    out = []
+    for off, n in spans:
+        end = off + n
+        for h_off, h_n in holes:
+            if h_off + h_n <= off or h_off >= end:
+                continue
+            if h_off > off:
+                out.append((off, h_off - off))
+            off = max(off, h_off + h_n)
+        if off < end:
+            out.append((off, end - off))
+    return out
+
+
 def data_sections(elf: ElfFile):
     """(offset, size) of every allocated, non-executable section with contents: .rodata*,
     .data*, .data.rel.ro, init arrays and any custom one (where op tables and strings live)."""
@@ -249,19 +265,22 @@ def data_sections(elf: ElfFile):
 
 def _scan_elf_tables(elf: ElfFile, store: SpanStore, col: _Collector, ctx: ScanContext) -> None:
     stats = col.scan.stats
-    for sec_name, layer in ((".dynsym", "elf-dynsym"), (".symtab", "elf-symtab")):
-        sec = elf.section(sec_name)
-        if sec is None:
-            continue
+    tables = elf.symbol_tables()
+    for kind, sec, strtab in tables:
+        layer = f"elf-{kind}"
         stats[f"{layer}_symbols"] += sec.size // (24 if elf.is64 else 16)
-        hits = HitStrings(elf, elf.linked(sec), ctx.rules, ctx.limits, ctx.budget)
+        hits = HitStrings(elf, strtab, ctx.rules, ctx.limits, ctx.budget)
         if not hits:
             continue
-        for sym in elf.iter_symbols(sec, hits, ctx.budget):
+        for sym in elf.iter_symbols(sec, hits, ctx.budget, strtab):
             if sym.type != 3:  # STT_SECTION names are not symbols of code
                 col.add(layer, sym.name.decode("latin-1"), sym.size, what="file" if sym.type == 4 else "")
-    # no section headers: read every retained byte as if it were data
-    spans = [(0, elf.size)] if not elf.sections else _merged(data_sections(elf))
+    # data: allocated data sections whatever their names, and every byte the loader maps (a
+    # renamed, unflagged .rodata is still read); no headers at all: every retained byte. The
+    # symbols' string tables are not data: their names were read as symbols (defined ones only)
+    mapped = [(g.offset, g.file_size) for g in elf.segments if g.type == PT_LOAD and g.file_size]
+    spans = _merged(data_sections(elf) + mapped) if elf.sections or mapped else [(0, elf.size)]
+    spans = _without(spans, _merged([(t.offset, t.file_size) for _, _, t in tables if t.file_size]))
     covered, seen = -1, set()
     for off, n in spans:
         stats["data_bytes"] += store.retained(off, n)

@@ -22,10 +22,10 @@ import struct
 import zlib
 from typing import NamedTuple
 
-from .limits import AuditInputError, HostileArchiveError, Limits
+from .limits import AuditInputError, HostileArchiveError, Limits, MissingDependencyError
 
-STORED, DEFLATED, BZIP2, LZMA = 0, 8, 12, 14
-METHODS = {STORED: "stored", DEFLATED: "deflate", BZIP2: "bzip2", LZMA: "lzma"}
+STORED, DEFLATED, BZIP2, LZMA, ZSTD = 0, 8, 12, 14, 93  # 93: what Python 3.14's zipfile writes
+METHODS = {STORED: "stored", DEFLATED: "deflate", BZIP2: "bzip2", LZMA: "lzma", ZSTD: "zstd"}
 _LOCAL = struct.Struct("<4sHHHHHIIIHH")  # local file header (30 bytes)
 _CENTRAL = struct.Struct("<4sHHHHHHIIIHHHHHII")  # central directory entry (46 bytes)
 _EOCD = struct.Struct("<4sHHHHIIH")  # end of central directory (22 bytes)
@@ -103,25 +103,41 @@ class WheelArchive:
         if at < 0 or len(tail) - at < _EOCD.size:
             raise self._not_zip("no end of central directory record")
         _, disk, _, _, _, cd_size, cd_offset, _ = _EOCD.unpack_from(tail, at)
-        eocd = tail_at + at
-        end = eocd
-        if cd_offset == 0xFFFFFFFF or cd_size == 0xFFFFFFFF or disk == 0xFFFF:
-            loc = tail.rfind(b"PK\x06\x07", 0, at)
-            if loc < 0 or at - loc != 20:
-                raise self._not_zip("zip64 locator missing")
-            (rec,) = struct.unpack_from("<Q", tail, loc + 8)
-            f.seek(rec)
-            head = f.read(_EOCD64.size)
-            if len(head) != _EOCD64.size or head[:4] != b"PK\x06\x06":
+        end = tail_at + at
+        markers = cd_offset == 0xFFFFFFFF or cd_size == 0xFFFFFFFF or disk == 0xFFFF
+        if at >= 20 and tail[at - 20 : at - 16] == b"PK\x06\x07":
+            # zipfile (so pip) follows a zip64 locator right before the record whatever the
+            # classic record says, and reads the zip64 record right before the locator
+            rec = end - 20 - _EOCD64.size
+            zip64 = self._zip64_directory(rec)
+            (pointer,) = struct.unpack_from("<Q", tail, at - 12)
+            other = self._zip64_directory(pointer) if pointer != rec else zip64
+            if other not in (None, zip64) or (not markers and zip64 not in (None, (cd_size, cd_offset))):
+                raise HostileArchiveError(
+                    f"{self.path}: the zip64 and classic end records name different central directories "
+                    "(readers would disagree on the members; refused)"
+                )
+            if zip64 is None:
                 raise self._not_zip("bad zip64 end of central directory")
-            cd_size, cd_offset = _EOCD64.unpack(head)[8:10]
-            end = rec
+            (cd_size, cd_offset), end = zip64, rec
+        elif markers:
+            raise self._not_zip("zip64 locator missing")
         if disk not in (0, 0xFFFF):
             raise AuditInputError(f"multi-disk zip archives are not supported: {self.path}")
         prefix = end - cd_size - cd_offset
         if prefix < 0:
             raise self._not_zip("central directory runs past its end record")
         return cd_offset + prefix, cd_size, prefix
+
+    def _zip64_directory(self, at: int) -> tuple[int, int] | None:
+        """(size, offset) of the central directory a zip64 end record at `at` names, or None."""
+        if at < 0:
+            return None
+        self.file.seek(at)
+        head = self.file.read(_EOCD64.size)
+        if len(head) != _EOCD64.size or head[:4] != b"PK\x06\x06":
+            return None
+        return tuple(_EOCD64.unpack(head)[8:10])
 
     def _entries(self):
         """Central directory entries, read a window at a time and counted as they come."""
@@ -197,7 +213,7 @@ class WheelArchive:
         return out
 
     def open(self, member: Member) -> MemberStream:
-        return member_stream(self.file, member)
+        return member_stream(self.file, member, self.limits)
 
     def close(self) -> None:
         if self._owned:
@@ -287,7 +303,7 @@ class CorruptMember(Exception):
     pass
 
 
-def member_stream(f, member: Member) -> MemberStream:
+def member_stream(f, member: Member, limits: Limits | None = None) -> MemberStream:
     """Forward-only stream of a validated member of the archive open as `f` (seekable; the
     stream seeks before each read, so several may share it; closing the stream leaves `f` open)."""
     try:
@@ -299,7 +315,7 @@ def member_stream(f, member: Member) -> MemberStream:
         start = member.offset + _LOCAL.size + n + m
         if member.bound >= 0 and start + member.compressed > member.bound:
             raise HostileArchiveError(f"member {member.name!r} overlaps the next one (zip bomb?)")
-        return MemberStream(f, start, member)
+        return MemberStream(f, start, member, limits)
     except (CorruptMember, OSError, NotImplementedError) as exc:
         raise AuditInputError(f"cannot read member {member.name!r}: {exc}") from None
 
@@ -307,7 +323,7 @@ def member_stream(f, member: Member) -> MemberStream:
 def verify_member(f, member: Member, budget) -> None:
     """Read a member of the archive open as `f` to its end, so its size and CRC-32 are checked
     (`AuditInputError` if they fail), in bounded memory."""
-    stream = member_stream(f, member)
+    stream = member_stream(f, member, budget.limits)
     buf = memoryview(bytearray(min(member.unpacked, 8 << 20) or 1))
     while read_member(stream, buf, member.name):
         budget.check_time()
@@ -327,8 +343,9 @@ class _Decoder:
     """One decompression API over zlib/isal (input left in `unconsumed_tail`) and bz2/lzma
     (input kept inside): `step(data, n)` -> (at most n bytes out, input not yet taken)."""
 
-    def __init__(self, method: int, name: str, lib):
-        self.keeps_input = method in (BZIP2, LZMA)
+    def __init__(self, method: int, name: str, lib, limits: Limits):
+        self.name, self.limits = name, limits
+        self.keeps_input = method in (BZIP2, LZMA, ZSTD)
         if method == DEFLATED:  # lib: zlib or isal_zlib
             self.errors = (lib.error,)
             self._d = lib.decompressobj(-15)
@@ -336,6 +353,8 @@ class _Decoder:
             self._d, self.errors = bz2.BZ2Decompressor(), (OSError, ValueError, EOFError)
         elif method == LZMA:
             self._d, self.errors = None, (lzma.LZMAError, ValueError, EOFError)
+        elif method == ZSTD:
+            self._d, self.errors = None, (ValueError, EOFError, OSError)
         else:
             raise NotImplementedError(f"compression method {method} of {name!r} is not supported")
 
@@ -346,9 +365,28 @@ class _Decoder:
         if psize != 5 or len(props) != 5 or props[0] >= 9 * 5 * 5:
             raise CorruptMember("bad LZMA properties")
         d, dict_size = props[0], int.from_bytes(props[1:5], "little")
+        if dict_size > self.limits.max_lzma_dict:
+            raise HostileArchiveError(
+                f"member {self.name!r}: LZMA dictionary of {dict_size:,} bytes, over the limit of "
+                f"{self.limits.max_lzma_dict:,} (real wheels use at most 64 MiB)"
+            )
         filt = {"id": lzma.FILTER_LZMA1, "lc": d % 9, "lp": d // 9 % 5, "pb": d // 45, "dict_size": dict_size}
         self._d = lzma.LZMADecompressor(lzma.FORMAT_RAW, filters=[filt])
         return head[4 + psize :]
+
+    def start_zstd(self, raw) -> None:
+        """zstd reads its input itself (`raw.read(n)`: the member's compressed bytes), with its
+        window capped (`Limits.max_zstd_window`)."""
+        try:
+            import zstandard
+        except ImportError as exc:
+            raise MissingDependencyError(
+                f"{self.name!r} is a zstd member: reading it needs the 'zstandard' package, a "
+                "dependency of slim-kernel that is not installed: pip install zstandard"
+            ) from exc
+        dctx = zstandard.ZstdDecompressor(max_window_size=self.limits.max_zstd_window)
+        self._d = _ZstdStep(dctx.stream_reader(raw, read_size=1 << 20, closefd=False), zstandard.ZstdError)
+        self.errors += (zstandard.ZstdError,)
 
     @property
     def eof(self) -> bool:
@@ -365,6 +403,32 @@ class _Decoder:
         return (out, b"") if self.keeps_input else (out, self._d.unconsumed_tail)
 
 
+class _ZstdStep:
+    """A zstd stream reader behind the bz2/lzma decompressor API (`decompress(_, n)`, `eof`,
+    `needs_input`): it pulls its own input."""
+
+    needs_input = False
+
+    def __init__(self, reader, error):
+        self._reader, self._error, self.eof = reader, error, False
+
+    def decompress(self, _data: bytes, n: int) -> bytes:
+        out = self._reader.read(n)
+        self.eof = not out
+        return out
+
+
+class _Compressed:
+    """The compressed bytes of a `MemberStream`, read by a decoder that pulls its input."""
+
+    def __init__(self, stream: MemberStream):
+        self._stream = stream
+
+    def read(self, n: int = -1) -> bytes:
+        left = self._stream._in_left
+        return self._stream._raw(left if n is None or n < 0 else min(n, left))
+
+
 class MemberStream(io.RawIOBase):
     """A member's data read forward from `f` (stored, deflate, bzip2 or LZMA). Deflate and the
     CRC-32 use `isal.isal_zlib` (inflate about twice, CRC-32 about 20 times as fast as zlib)
@@ -373,20 +437,22 @@ class MemberStream(io.RawIOBase):
 
     IN_CHUNK = 1 << 20
 
-    def __init__(self, f, start: int, member: Member):
+    def __init__(self, f, start: int, member: Member, limits: Limits | None = None):
         self._name = member.name
         self._f, self._at = f, start
         stored = member.method == STORED
         if stored and member.compressed != member.unpacked:
             raise CorruptMember(f"stored member {member.name!r} has different packed and unpacked sizes")
         lib = _fast_inflater() or zlib
-        self._d = None if stored else _Decoder(member.method, member.name, lib)
+        self._d = None if stored else _Decoder(member.method, member.name, lib, limits or Limits())
         self._crc32 = lib.crc32
         self._in_left, self._out_left = member.compressed, member.unpacked
         self._crc_expected, self._crc = member.crc, 0
         self._tail = b""
         if member.method == LZMA:
             self._tail = self._d.start_lzma(self._raw(min(64, self._in_left)))
+        elif member.method == ZSTD:
+            self._d.start_zstd(_Compressed(self))
 
     def readable(self) -> bool:
         return True
