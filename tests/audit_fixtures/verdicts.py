@@ -1,0 +1,219 @@
+"""Small wheels, each built from a few bytes at test time, for the classes of input where the
+audit must give a verdict that agrees with pip and the loader, in bounded time and memory.
+
+`CASES` maps a name to (builder, exit code, ops found, check): a builder takes a work
+directory and returns the wheel; `check(result)` asserts what else the JSON must say.
+"""
+
+from __future__ import annotations
+
+import lzma
+import struct
+import zipfile
+import zlib
+from pathlib import Path
+
+from . import make_wheel, tiny_elf
+
+HOST = 62  # EM_X86_64
+
+
+def _zip_bytes(members: dict[str, bytes], method: int = zipfile.ZIP_DEFLATED) -> bytes:
+    import io
+
+    out = io.BytesIO()
+    with zipfile.ZipFile(out, "w", method) as zf:
+        for name, data in members.items():
+            zf.writestr(name, data)
+    return out.getvalue()
+
+
+def _ar(objects: dict[str, bytes]) -> bytes:
+    out = bytearray(b"!<arch>\n")
+    for name, data in objects.items():
+        out += f"{name + '/':<16}{0:<12}{0:<6}{0:<6}{644:<8}{len(data):<10}`\n".encode() + data
+        if len(data) % 2:
+            out += b"\n"
+    return bytes(out)
+
+
+def _unreadable(*members: str):
+    def check(res: dict) -> None:
+        assert sorted({u["member"] for u in res["unreadable"]}) == sorted(members), res["unreadable"]
+
+    return check
+
+
+def _error(phrase: str):
+    def check(res: dict) -> None:
+        assert phrase in res["error"], res["error"]
+
+    return check
+
+
+def _routed(ops: list[str]):
+    def check(res: dict) -> None:
+        assert sorted({r["op"] for r in res["routed"]}) == ops, res["routed"]
+
+    return check
+
+
+def _nothing(res: dict) -> None:
+    assert not res.get("unreadable"), res["unreadable"]
+
+
+# -- a verdict on every wheel ------------------------------------------------------------------
+def truncated_library_and_a_finding(d: Path) -> Path:
+    """One library cut in half (unreadable, listed) and one exporting bmm_fp8: judged, found."""
+    lib = tiny_elf(["gemm"], machine=HOST)
+    members = {"pkg/_cut.so": lib[: len(lib) // 2], "pkg/_ops.so": tiny_elf(["bmm_fp8"], machine=HOST)}
+    return make_wheel(d / "cut.whl", members)
+
+
+def unreadable_nested_zip(d: Path) -> Path:
+    """A TorchScript-like archive whose central directory is not one: unreadable, the rest clean."""
+    return make_wheel(d / "ptl.whl", {"pkg/model.ptl": b"PK\x03\x04" + b"\x07" * 200, "pkg/a.py": b"x = 1\n"})
+
+
+def static_archive_with_a_bad_object(d: Path) -> Path:
+    """An ar whose first object is a truncated ELF: the next object is still read (found)."""
+    bad = tiny_elf(["gemm"], machine=HOST)[:100]
+    good = tiny_elf(["dsv3_router_gemm"], machine=HOST)
+    return make_wheel(d / "ar.whl", {"pkg/libx_static.a": _ar({"bad.o": bad, "good.o": good})})
+
+
+# -- what pip reads, the audit reads -----------------------------------------------------------
+def _with_zip64_records(raw: bytes, cd_size: int, cd_offset: int) -> bytes:
+    """`raw` (a zip) with a zip64 end record and locator before its end record, naming the
+    central directory (`cd_size`, `cd_offset`)."""
+    eocd = raw.rfind(b"PK\x05\x06")
+    rec = struct.pack("<4sQHHIIQQQQ", b"PK\x06\x06", 44, 45, 45, 0, 0, 1, 1, cd_size, cd_offset)
+    loc = struct.pack("<4sIQI", b"PK\x06\x07", 0, eocd, 1)
+    return raw[:eocd] + rec + loc + raw[eocd:]
+
+
+def _classic_directory(raw: bytes) -> tuple[int, int]:
+    return struct.unpack_from("<II", raw, raw.rfind(b"PK\x05\x06") + 12)
+
+
+def zip64_agrees(d: Path) -> Path:
+    raw = make_wheel(d / "base.whl", {"pkg/_ops.so": tiny_elf(["bmm_fp8"], machine=HOST)}).read_bytes()
+    (d / "z64.whl").write_bytes(_with_zip64_records(raw, *_classic_directory(raw)))
+    return d / "z64.whl"
+
+
+def zip64_disagrees(d: Path) -> Path:
+    """The zip64 record names another directory than the classic one (zipfile follows zip64)."""
+    raw = make_wheel(d / "base.whl", {"pkg/a.py": b"x = 1\n"}).read_bytes()
+    size, offset = _classic_directory(raw)
+    (d / "z64bad.whl").write_bytes(_with_zip64_records(raw, size, offset - 1))
+    return d / "z64bad.whl"
+
+
+def _hand_zip(name: bytes, method: int, payload: bytes, data: bytes) -> bytes:
+    crc = zlib.crc32(data)
+    local = struct.pack(
+        "<4sHHHHHIIIHH", b"PK\x03\x04", 63, 0, method, 0, 0, crc, len(payload), len(data), len(name), 0
+    )
+    cd = struct.pack(
+        "<4sHHHHHHIIIHHHHHII",
+        b"PK\x01\x02",
+        63,
+        63,
+        0,
+        method,
+        0,
+        0,
+        crc,
+        len(payload),
+        len(data),
+        len(name),
+        0,
+        0,
+        0,
+        0,
+        0,
+        0,
+    )
+    end = struct.pack(
+        "<4sHHHHIIH", b"PK\x05\x06", 0, 0, 1, 1, len(cd) + len(name), len(local) + len(name) + len(payload), 0
+    )
+    return local + name + payload + cd + name + end
+
+
+def zstd_member(d: Path) -> Path:
+    """A library stored as a zstd member (method 93, as Python 3.14's zipfile writes): read."""
+    import zstandard
+
+    lib = tiny_elf(["dsv3_fused_a_gemm"], machine=HOST)
+    (d / "zstd.whl").write_bytes(_hand_zip(b"pkg/_ops.so", 93, zstandard.ZstdCompressor().compress(lib), lib))
+    return d / "zstd.whl"
+
+
+def lzma_dictionary_1g(d: Path) -> Path:
+    """An LZMA member declaring a 1 GiB dictionary (what its decoder would allocate): refused."""
+    data = b"x = 1\n" * 100
+    props = struct.pack("<BI", 0x5D, 1 << 30)
+    body = lzma.compress(data, lzma.FORMAT_RAW, filters=[{"id": lzma.FILTER_LZMA1, "dict_size": 1 << 20}])
+    payload = struct.pack("<BBH", 9, 4, 5) + props + body
+    (d / "lzma.whl").write_bytes(_hand_zip(b"pkg/a.py", 14, payload, data))
+    return d / "lzma.whl"
+
+
+# -- the loader's view of a library ------------------------------------------------------------
+def _renamed(lib: bytes, old: bytes, new: bytes) -> bytes:
+    assert len(old) == len(new) and lib.count(old) == 1
+    return lib.replace(old, new)
+
+
+def renamed_symbol_table(d: Path) -> Path:
+    """.symtab renamed: found by its type."""
+    lib = _renamed(tiny_elf(["bmm_fp8"], machine=HOST), b".symtab\0", b".zzzzzz\0")
+    return make_wheel(d / "renamed.whl", {"pkg/_ops.so": lib})
+
+
+# -- bounded -----------------------------------------------------------------------------------
+def digit_run_symbol(d: Path) -> Path:
+    """A 200,000-digit run in a mangled name (a backtracking search is quadratic on it), then a
+    real source name: linear, found."""
+    name = "_Z" + "9" * 200_000 + ".7bmm_fp8v"
+    return make_wheel(d / "digits.whl", {"pkg/_ops.so": tiny_elf([name], machine=HOST)})
+
+
+# -- small truths ------------------------------------------------------------------------------
+def routed_whole_names(d: Path) -> Path:
+    """A line naming an op more than 160 bytes after another, and a bare prefix: whole names."""
+    line = "bmm_fp8 " + "y" * 150 + " dsv3_fused_a_gemm\nprefix = 'dsv3_'\n"
+    return make_wheel(d / "routed.whl", {"pkg/ops.py": line.encode()})
+
+
+def tuning_tables(d: Path) -> Path:
+    """26 tuning tables of 10,000 lines naming the op (260,000 lines, over the item budget of
+    hostile work): routed on their own cap, never refused."""
+    table = "".join(f'"dsv3_router_gemm_{i}": {{"block": 128}},\n' for i in range(10_000)).encode()
+    return make_wheel(d / "tables.whl", {f"pkg/configs/t{i}.json": table for i in range(26)})
+
+
+CASES = {
+    "truncated_library_and_a_finding": (
+        truncated_library_and_a_finding,
+        1,
+        ["bmm_fp8"],
+        _unreadable("pkg/_cut.so"),
+    ),
+    "unreadable_nested_zip": (unreadable_nested_zip, 0, [], _unreadable("pkg/model.ptl")),
+    "static_archive_with_a_bad_object": (
+        static_archive_with_a_bad_object,
+        1,
+        ["dsv3_router_gemm"],
+        _unreadable("pkg/libx_static.a"),
+    ),
+    "zip64_agrees": (zip64_agrees, 1, ["bmm_fp8"], _nothing),
+    "zip64_disagrees": (zip64_disagrees, 2, [], _error("different central directories")),
+    "zstd_member": (zstd_member, 1, ["dsv3_fused_a_gemm"], _nothing),
+    "lzma_dictionary_1g": (lzma_dictionary_1g, 2, [], _error("LZMA dictionary")),
+    "renamed_symbol_table": (renamed_symbol_table, 1, ["bmm_fp8"], _nothing),
+    "digit_run_symbol": (digit_run_symbol, 1, ["bmm_fp8"], _nothing),
+    "routed_whole_names": (routed_whole_names, 0, [], _routed(["bmm_fp8", "dsv3_fused_a_gemm"])),
+    "tuning_tables": (tuning_tables, 0, [], _routed(["dsv3_router_gemm"])),
+}
