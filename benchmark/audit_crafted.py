@@ -1,4 +1,4 @@
-"""Issue 27's crafted wheels and real AOT wheels, audited in a subprocess under resource limits
+"""The crafted layout wheels and real AOT wheels, audited in a subprocess under resource limits
 (tests/audit_fixtures/bounded.py), and the markdown table of several such runs.
 
 Each run records, per crafted case: exit code, ops found, wall and CPU seconds and peak RSS of
@@ -27,7 +27,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
 from audit_fixtures import GXX, NVCC  # noqa: E402
 from audit_fixtures.bounded import audit_cmd, run_bounded  # noqa: E402
-from audit_fixtures.issue27 import BENCH_ONLY, CASES  # noqa: E402
+from audit_fixtures.layouts import BENCH_ONLY, CASES  # noqa: E402
 
 ADDRESS_SPACE = 16 << 30  # per process: generous, the "before" code of some cases needs GiBs
 NOTE = 160  # characters of a refusal message kept
@@ -119,7 +119,7 @@ def run_real(tree: Path, wheels: list[Path], timeout: float, python: str, repeat
                 "runs": [{k: r[k] for k in ("wall_s", "cpu_s", "peak_rss_mib", "load_1m")} for r in meas],
                 "findings": len(res["findings"]) if res else None,
                 "findings_per_layer": layers,
-                "mentions": len(res.get("mentions", [])) if res else None,  # none before issue 27
+                "mentions": len(res.get("mentions", [])) if res else None,  # older trees report no mentions
                 "digest": _digest(res) if res else None,
             }
             print(key, rows[key], flush=True)
@@ -179,7 +179,7 @@ def table(out: Path, labels: list[str]) -> str:
     """crafted.md: one column per label (in order), a row per crafted case and per real wheel."""
     docs = [json.loads((out / f"crafted-{label}.json").read_text()) for label in labels]
     lines = [
-        "# Issue 27 crafted wheels: " + " / ".join(d["describe"] for d in docs),
+        "# Crafted layout wheels: " + " / ".join(d["describe"] for d in docs),
         "",
         "Produced by `python benchmark/bench_audit.py --crafted-table " + " ".join(labels) + "` from",
         "`crafted-<label>.json` here, each written by `python benchmark/bench_audit.py --crafted` "

@@ -12,7 +12,7 @@ native library `nm -DC --defined-only`, `strings` and `cuobjdump -symbols` (pip 
 Without --wheel, sgl-kernel 0.3.21 (535 MB, manylinux x86_64 cp310-abi3) is downloaded with
 `pip download` into --download-dir (outside the repository).
 
---crafted: the issue-27 wheels (tests/audit_fixtures/issue27.py) and the --real wheels, each
+--crafted: the crafted layout wheels (tests/audit_fixtures/layouts.py) and the --real wheels, each
 audited by the package in --tree (a `python/` directory: this checkout's by default, or an
 export of an older commit for a "before" column) in a subprocess (benchmark/audit_crafted.py):
 exit code, ops found, wall and CPU seconds, peak RSS, load; merged into <out>/crafted-<label>.json.
@@ -220,7 +220,7 @@ def markdown(result: dict) -> str:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--crafted", action="store_true", help="measure the issue-27 crafted wheels instead")
+    p.add_argument("--crafted", action="store_true", help="measure the crafted layout wheels instead")
     p.add_argument("--tree", type=Path, default=REPO / "python", help="--crafted: the package tree to run")
     p.add_argument("--label", default="after", help="--crafted: name of the result file")
     p.add_argument("--describe", default="", help="--crafted: the column's title (default: the label)")

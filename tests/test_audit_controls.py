@@ -332,7 +332,7 @@ def test_nested_archive_limits(capsys, tmp_path):
 def test_nested_zips_in_memory_and_spilled(capsys, tmp_path, monkeypatch):
     """Nested zips (TorchScript .pt/.ptl and jars: members with data descriptors) are opened by
     their central directory, from memory or, when larger, from the private spill file: the
-    same answer either way (issue 27: larger ones were refused)."""
+    same answer either way (larger ones are not refused)."""
     import zipfile
 
     from slim_kernel.audit import nested

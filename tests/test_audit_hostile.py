@@ -61,7 +61,7 @@ def unreadable(capsys, wheel, *needles: str) -> dict:
 
 
 def test_zero_filled_data_file_is_read_not_refused(tmp_path, capsys):
-    """Issue 27: no ratio limit on zip members (a 64 MiB zero-filled file deflates 1000:1); the
+    """No ratio limit on zip members (a 64 MiB zero-filled file deflates 1000:1); the
     declared-size limits and the time limit bound the read."""
     wheel = tmp_path / "zeros.whl"
     with zipfile.ZipFile(wheel, "w", zipfile.ZIP_DEFLATED) as zf:

@@ -82,7 +82,7 @@ class Limits:
     max_repeats: int = 50_000  # the same evidence again (other archs/cubins) per member (real: 1,030)
     # items per wheel that cost a little Python each, however small they are made: fatbin
     # containers and entries, ar members, members of nested archives (NESTED_MEMBER_WEIGHT each:
-    # reading one costs about as much), strings and text lines holding a retired-op literal, names
+    # reading one costs about as much), strings in library data holding a retired-op literal, names
     # examined. sgl-kernel 0.3.21: 6,262.
     max_items: int = 250_000
     max_text_lines: int = 10_000  # routed/info lines examined per text member
@@ -151,7 +151,7 @@ def _refuse_past(count: int, limit: int, what: str, unit: str) -> None:
 def too_many_items(limits: Limits) -> str:
     return (
         f"more than {limits.max_items:,} items to examine in this wheel (fatbin headers, archive "
-        "members, strings, lines and names that hold retired-op names; hostile?)"
+        "members, strings and names that hold retired-op names; hostile?)"
     )
 
 

@@ -1,5 +1,5 @@
-"""The wheels of issue 27, built at test time the way real projects build (g++, nvcc 13):
-retired code that used to slip through, legit wheels that used to be flagged or refused, and
+"""Wheels in the layouts real projects ship, built at test time the way they build (g++,
+nvcc 13): retired code that used to slip through, legit wheels that used to be flagged or refused, and
 small wheels that used to cost minutes or GiB.
 
 `CASES` maps a name to (builder, needs, exit code, ops found, phrase of the error or of a
