@@ -24,7 +24,7 @@ from audit_fixtures import (
 )
 
 import slim_kernel
-from slim_kernel.audit import wheel as wheel_mod
+from slim_kernel.audit import inflate as wheel_mod
 from slim_kernel.audit.limits import HostileArchiveError, Limits
 from slim_kernel.audit.wheel import WheelArchive
 from slim_kernel.cli import main

@@ -19,8 +19,9 @@ import shutil
 import tempfile
 from bisect import bisect_right
 
+from .inflate import ZEROS
 from .limits import Budget, MalformedBinaryError
-from .wheel import ZEROS, read_member
+from .wheel import read_member
 
 CHUNK = 8 << 20  # bytes pulled from a member stream at a time
 WINDOW = 1 << 20  # bytes handed to a scanner at a time
