@@ -39,6 +39,9 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "python"))  # the tree under test, as for the audit runs below
+sys.path.insert(0, str(REPO / "tests"))  # _wheels.cached_download
+from _wheels import cached_download  # noqa: E402
+
 from slim_kernel.names import OPS  # noqa: E402 (torch-free)
 
 DEFAULT_SPEC = "sgl-kernel==0.3.21"
@@ -47,30 +50,10 @@ OP_RE = re.compile(r"(?<![A-Za-z0-9])(" + "|".join(map(re.escape, OPS)) + r")(?!
 
 
 def download(spec: str, dest: Path) -> Path:
-    dest.mkdir(parents=True, exist_ok=True)
-    name = spec.split("==")[0].replace("-", "_")
-    found = sorted(dest.glob(f"{name}-{spec.split('==')[1]}-*.whl"))
-    if found:
-        return found[0]
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "download",
-            "--no-deps",
-            "--only-binary=:all:",
-            "--platform",
-            "manylinux2014_x86_64",
-            "--python-version",
-            "3.10",
-            spec,
-            "-d",
-            str(dest),
-        ],
-        check=True,
-    )
-    return sorted(dest.glob(f"{name}-*.whl"))[0]
+    wheel, why = cached_download(spec, dest)
+    if wheel is None:
+        raise SystemExit(f"cannot download {spec}: {why}")
+    return wheel
 
 
 def find_cuobjdump() -> str | None:

@@ -21,11 +21,10 @@ from __future__ import annotations
 import json
 import os
 import resource
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from _wheels import cached_download
 from audit_fixtures.bounded import audit_cmd, run_bounded
 
 import slim_kernel
@@ -113,33 +112,10 @@ def cached_wheel(requirement: str) -> Path:
     cache = os.environ.get("SLIM_KERNEL_WHEEL_CACHE")
     if not cache:
         pytest.skip("set SLIM_KERNEL_WHEEL_CACHE=DIR to download the real wheels (several GB) once into DIR")
-    name, version = requirement.split("==")
-    prefix = f"{name.replace('-', '_')}-{version}-"
-    found = sorted(Path(cache).expanduser().glob(prefix + "*.whl"))
-    if found:
-        return found[0]
-    cmd = [
-        sys.executable,
-        "-m",
-        "pip",
-        "download",
-        "--no-deps",
-        "--only-binary=:all:",
-        "--python-version",
-        "3.12",
-        "--platform",
-        "manylinux_2_28_x86_64",
-        "--platform",
-        "manylinux2014_x86_64",
-        "-d",
-        str(Path(cache).expanduser()),
-        requirement,
-    ]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=3600)
-    found = sorted(Path(cache).expanduser().glob(prefix + "*.whl"))
-    if proc.returncode or not found:
-        pytest.skip(f"cannot download {requirement} (offline?): {proc.stderr.strip()[-300:]}")
-    return found[0]
+    wheel, why = cached_download(requirement, Path(cache).expanduser())
+    if wheel is None:
+        pytest.skip(f"cannot download {requirement} (offline?): {why}")
+    return wheel
 
 
 @pytest.mark.realwheels
