@@ -28,6 +28,10 @@ sys.path.insert(0, str(REPO / "tests"))
 from audit_fixtures import GXX, NVCC  # noqa: E402
 from audit_fixtures.bounded import audit_cmd, run_bounded  # noqa: E402
 from audit_fixtures.layouts import BENCH_ONLY, CASES  # noqa: E402
+from audit_fixtures.verdicts import CASES as VERDICTS  # noqa: E402
+
+# the verdict cases in the layout cases' shape: (builder, tools needed, exit code, ops, phrase)
+VERDICT_CASES = {name: (build, (), code, ops, None) for name, (build, code, ops, _) in VERDICTS.items()}
 
 ADDRESS_SPACE = 16 << 30  # per process: generous, the "before" code of some cases needs GiBs
 NOTE = 160  # characters of a refusal message kept
@@ -64,9 +68,9 @@ def _audit(wheel: Path, python: str, env: dict, timeout: float) -> tuple[dict, d
 
 
 def run_cases(tree: Path, names: list[str], timeout: float, python: str) -> dict:
-    """Each crafted case (all of CASES and BENCH_ONLY by default), built in a temporary
-    directory and audited once without c++filt on PATH."""
-    cases = {**CASES, **BENCH_ONLY}
+    """Each crafted case (all of CASES, BENCH_ONLY and the verdict cases by default), built in a
+    temporary directory and audited once without c++filt on PATH."""
+    cases = {**CASES, **BENCH_ONLY, **VERDICT_CASES}
     env = _env(tree, python, cxxfilt=False)
     rows = {}
     with tempfile.TemporaryDirectory(prefix="crafted-") as tmp:

@@ -140,3 +140,28 @@ def test_no_temp_directory_survives(tmp_path, how):
     if how == "refused":
         assert proc.returncode == 2 and "duplicate" in json.loads(out)["wheels"][0]["error"]
     assert list(tmp.iterdir()) == []
+
+
+def test_unpacked_bytes_are_bounded_per_wheel_nested_archives_included(tmp_path):
+    """Three nested zips of 3 MiB each in a wheel of 9 MiB: within a 15 MiB budget for the
+    wheel's own members, over it with what the nested archives unpack."""
+    import io
+
+    from slim_kernel.audit.limits import HostileArchiveError, Limits
+    from slim_kernel.audit.rules import Rules
+    from slim_kernel.audit.runner import scan_wheel
+    from slim_kernel.audit.scan import ScanContext
+
+    members = {}
+    for i in range(3):
+        inner = io.BytesIO()
+        with zipfile.ZipFile(inner, "w", zipfile.ZIP_STORED) as zf:
+            zf.writestr("data.bin", os.urandom(3 << 20))
+        members[f"pkg/inner{i}.zip"] = inner.getvalue()
+    wheel = tmp_path / "nested.whl"
+    with zipfile.ZipFile(wheel, "w", zipfile.ZIP_STORED) as zf:
+        for name, data in members.items():
+            zf.writestr(name, data)
+    scan_wheel(str(wheel), ScanContext(Rules(), Limits(max_total_unpacked=20 << 20)), jobs=1)
+    with pytest.raises(HostileArchiveError, match="nested archives included"):
+        scan_wheel(str(wheel), ScanContext(Rules(), Limits(max_total_unpacked=15 << 20)), jobs=1)

@@ -180,6 +180,13 @@ def digit_run_symbol(d: Path) -> Path:
     return make_wheel(d / "digits.whl", {"pkg/_ops.so": tiny_elf([name], machine=HOST)})
 
 
+def nested_zeros_over_ratio(d: Path) -> Path:
+    """A zip inside the wheel holding 64 MiB of zeros (1000:1): nesting multiplies what each
+    level may declare, so past the 4 MiB floor a nested member may not expand over 200:1."""
+    inner = _zip_bytes({"zeros.bin": bytes(64 << 20)})
+    return make_wheel(d / "nested.whl", {"pkg/inner.zip": inner})
+
+
 # -- small truths ------------------------------------------------------------------------------
 def routed_whole_names(d: Path) -> Path:
     """A line naming an op more than 160 bytes after another, and a bare prefix: whole names."""
@@ -214,6 +221,7 @@ CASES = {
     "lzma_dictionary_1g": (lzma_dictionary_1g, 2, [], _error("LZMA dictionary")),
     "renamed_symbol_table": (renamed_symbol_table, 1, ["bmm_fp8"], _nothing),
     "digit_run_symbol": (digit_run_symbol, 1, ["bmm_fp8"], _nothing),
+    "nested_zeros_over_ratio": (nested_zeros_over_ratio, 2, [], _error("expands more than 200:1")),
     "routed_whole_names": (routed_whole_names, 0, [], _routed(["bmm_fp8", "dsv3_fused_a_gemm"])),
     "tuning_tables": (tuning_tables, 0, [], _routed(["dsv3_router_gemm"])),
 }

@@ -106,6 +106,7 @@ class Budget:
     steps: int = 0
     spilled: int = 0
     routed: int = 0
+    unpacked: int = 0  # bytes of the wheel's members and of its nested archives' members
     limits: Limits = Limits()
 
     @classmethod
@@ -125,6 +126,15 @@ class Budget:
         self.items += weight
         if self.items > limits.max_items:
             raise HostileArchiveError(f"{what}: {too_many_items(limits)}")
+
+    def unpack(self, unpacked: int, compressed: int, what: str) -> None:
+        """Count a member of a nested archive: the wheel's unpacked bytes, nested archives
+        included, stay within `max_total_unpacked`, and past `ratio_floor` a nested member may
+        not expand more than `max_ratio` (nesting multiplies what each level may declare)."""
+        self.unpacked += unpacked
+        _refuse_past(self.unpacked, self.limits.max_total_unpacked, what,
+                     "bytes unpacked in this wheel, nested archives included (zip bomb?)")
+        check_ratio(unpacked, compressed, self.limits, what)
 
     def routed_line(self) -> bool:
         """Count one routed (info) text line; False once the wheel's own cap for them is reached."""

@@ -68,6 +68,7 @@ def scan_archive(kind: str, src, col, ctx, depth: int, scan_member) -> None:
         members = {"zip": _zip_members, "tar": _tar_members, "compressed": _decompressed}[kind]
         for stream, name, unpacked, compressed in members(src, ctx):
             ctx.budget.count(ctx.limits, name, NESTED_MEMBER_WEIGHT)
+            ctx.budget.unpack(unpacked, compressed, f"{scan.member}!{name}")
             _merge(col, scan_member(stream, name, unpacked, compressed, ctx, depth=depth + 1))
         src.skip(src.remaining)  # the rest (a central directory, padding) still gets its CRC checked
     except (HostileArchiveError, TimeLimitError) as exc:  # a bound: the wheel is refused

@@ -103,7 +103,7 @@ def _init_worker(queue) -> None:
 
 def _scan_task(path: str, members: list[Member], ctx: ScanContext, report=None):
     """Scan `members`; returns their scans and the items counted in `ctx.budget`."""
-    pending = [0]
+    pending, base = [0], ctx.budget.unpacked
 
     def on_progress(n: int) -> None:
         pending[0] += n
@@ -119,7 +119,7 @@ def _scan_task(path: str, members: list[Member], ctx: ScanContext, report=None):
                 verify_member(f, m, ctx.budget)
             out.append(scan)
     _emit(report, pending[0])
-    return out, ctx.budget.items
+    return out, ctx.budget.items, ctx.budget.unpacked - base
 
 
 def _emit(report, n: int) -> None:
@@ -159,7 +159,7 @@ def scan_wheel(
     with WheelArchive(path, ctx.limits) as archive:
         members = archive.members
     result = WheelScan(os.fspath(path), members)
-    total = result.unpacked
+    total = ctx.budget.unpacked = result.unpacked  # nested archives' members add to it
     jobs = max(1, jobs or os.cpu_count() or 1)
     show = progress if progress is not None else (total >= PROGRESS_THRESHOLD and sys.stderr.isatty())
     bar = Progress(total, os.path.basename(path), bool(show))
@@ -196,15 +196,21 @@ def _run_pool(path: str, tasks: list[list[Member]], ctx: ScanContext, jobs: int,
     try:
         todo = iter(enumerate(tasks))
         running = {pool.submit(_scan_task, path, task, ctx): i for i, task in itertools.islice(todo, workers)}
-        items = 0
+        items, nested = 0, ctx.budget.unpacked
         while running:
             done, _ = wait(running, timeout=0.2, return_when=FIRST_COMPLETED)
             drain()
             for fut in done:
-                results[running.pop(fut)], n = fut.result()  # raise the first error now
+                results[running.pop(fut)], n, unpacked = fut.result()  # raise the first error now
                 items += n  # each task counted its own (from zero): their sum is the wheel's
                 if items > ctx.limits.max_items:
                     raise HostileArchiveError(too_many_items(ctx.limits))
+                nested += unpacked
+                if nested > ctx.limits.max_total_unpacked:
+                    raise HostileArchiveError(
+                        f"more than {ctx.limits.max_total_unpacked:,} bytes unpacked in this wheel, nested "
+                        "archives included (zip bomb?)"
+                    )
                 for i, task in itertools.islice(todo, 1):
                     running[pool.submit(_scan_task, path, task, ctx)] = i
             ctx.budget.check_time()
