@@ -58,6 +58,13 @@ def _routed(ops: list[str]):
     return check
 
 
+def _layers(*layers: str):
+    def check(res: dict) -> None:
+        assert sorted({f["layer"] for f in res["findings"]}) == sorted(layers), res["findings"]
+
+    return check
+
+
 def _nothing(res: dict) -> None:
     assert not res.get("unreadable"), res["unreadable"]
 
@@ -172,6 +179,71 @@ def renamed_symbol_table(d: Path) -> Path:
     return make_wheel(d / "renamed.whl", {"pkg/_ops.so": lib})
 
 
+def _no_section_headers(symbol: str, defined: bool, data: bytes = b"") -> bytes:
+    """A 64-bit shared library with program headers only (no section headers), one loadable
+    segment and a dynamic segment whose DT_SYMTAB/DT_STRTAB/DT_HASH hold one symbol, defined
+    (exported) or not (imported), then `data`."""
+    dynsym_at, dynstr = 176, b"\0" + symbol.encode() + b"\0libfoo.so\0"
+    dynstr_at = dynsym_at + 48
+    hash_at = (dynstr_at + len(dynstr) + 7) & ~7
+    dynamic_at = hash_at + 24
+    dynamic = b"".join(
+        struct.pack("<qQ", tag, val)
+        for tag, val in (
+            (4, hash_at),
+            (5, dynstr_at),
+            (6, dynsym_at),
+            (10, len(dynstr)),
+            (11, 24),
+            (1, len(symbol) + 2),
+            (0, 0),
+        )
+    )
+    end = dynamic_at + len(dynamic) + len(data)
+    header = (
+        b"\x7fELF\x02\x01\x01"
+        + bytes(9)
+        + struct.pack("<HHIQQQIHHHHHH", 3, HOST, 1, 0, 64, 0, 0, 64, 56, 2, 64, 0, 0)
+    )
+    phdrs = struct.pack("<IIQQQQQQ", 1, 4, 0, 0, 0, end, end, 0x1000) + struct.pack(
+        "<IIQQQQQQ", 2, 4, dynamic_at, dynamic_at, dynamic_at, len(dynamic), len(dynamic), 8
+    )
+    syms = bytes(24) + struct.pack("<IBBHQQ", 1, 0x12, 0, 7 if defined else 0, 0x100 if defined else 0, 16)
+    out = bytearray(header + phdrs + syms + dynstr)
+    out += bytes(hash_at - len(out)) + struct.pack("<IIIII", 1, 2, 1, 0, 0) + bytes(4)
+    return bytes(out + dynamic + data)
+
+
+def imports_without_section_headers(d: Path) -> Path:
+    """A library with no section headers importing bmm_fp8 (undefined): not a finding."""
+    return make_wheel(d / "imports.whl", {"pkg/_user.so": _no_section_headers("bmm_fp8", defined=False)})
+
+
+def exports_without_section_headers(d: Path) -> Path:
+    """The same library exporting bmm_fp8: found through the dynamic segment, as dlsym finds it."""
+    return make_wheel(d / "exports.whl", {"pkg/_ops.so": _no_section_headers("bmm_fp8", defined=True)})
+
+
+PTX_TEXT = (
+    b"\n.version 8.0\n.target sm_90a\n.address_size 64\n\n"
+    b".visible .entry _Z16dsv3_router_gemmPf(\n\t.param .u64 p\n)\n{\n\tret;\n}\n\0"
+)
+
+
+def ptx_text_in_library_data(d: Path) -> Path:
+    """PTX text (no nvcc comments) kept in a library's data for cuModuleLoadData: read as PTX."""
+    lib = _no_section_headers("init", defined=True, data=PTX_TEXT)
+    return make_wheel(d / "ptxtext.whl", {"pkg/_ops.so": lib})
+
+
+def macho_library(d: Path) -> Path:
+    """A Mach-O library (no reader for it): its strings are read like data."""
+    macho = (
+        struct.pack("<IiiIIII", 0xFEEDFACF, 0x01000007, 3, 6, 0, 0, 0) + bytes(8) + b"\0_dsv3_router_gemm\0"
+    )
+    return make_wheel(d / "macho.whl", {"pkg/_ops.dylib": macho})
+
+
 # -- bounded -----------------------------------------------------------------------------------
 def digit_run_symbol(d: Path) -> Path:
     """A 200,000-digit run in a mangled name (a backtracking search is quadratic on it), then a
@@ -220,6 +292,15 @@ CASES = {
     "zstd_member": (zstd_member, 1, ["dsv3_fused_a_gemm"], _nothing),
     "lzma_dictionary_1g": (lzma_dictionary_1g, 2, [], _error("LZMA dictionary")),
     "renamed_symbol_table": (renamed_symbol_table, 1, ["bmm_fp8"], _nothing),
+    "imports_without_section_headers": (imports_without_section_headers, 0, [], _nothing),
+    "exports_without_section_headers": (
+        exports_without_section_headers,
+        1,
+        ["bmm_fp8"],
+        _layers("elf-dynsym"),
+    ),
+    "ptx_text_in_library_data": (ptx_text_in_library_data, 1, ["dsv3_router_gemm"], _layers("ptx-entry")),
+    "macho_library": (macho_library, 1, ["dsv3_router_gemm"], _layers("rodata-string")),
     "digit_run_symbol": (digit_run_symbol, 1, ["bmm_fp8"], _nothing),
     "nested_zeros_over_ratio": (nested_zeros_over_ratio, 2, [], _error("expands more than 200:1")),
     "routed_whole_names": (routed_whole_names, 0, [], _routed(["bmm_fp8", "dsv3_fused_a_gemm"])),

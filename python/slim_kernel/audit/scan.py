@@ -35,6 +35,10 @@ _SOURCES = {".cu", ".cuh", ".h", ".hh", ".hpp", ".cc", ".cpp", ".cxx", ".c", ".i
 _ROUTED = {**dict.fromkeys(_PYTHON, "python"), **dict.fromkeys(_SOURCES, "jit-source")}  # by suffix
 _PRINTABLE = re.compile(rb"[\x20-\x7e]*")
 _IDENT_END = re.compile(rb"[A-Za-z0-9_]*")
+_PTX_ENTRY = re.compile(r"\s*(?:\.(?:visible|weak|extern)\s+)*\.entry\s+([A-Za-z_$%][A-Za-z0-9_$]*)")
+# Mach-O (32/64-bit, either byte order; a universal binary only by its library name: its magic
+# is also a Java class file's)
+_MACHO = (b"\xfe\xed\xfa\xce", b"\xfe\xed\xfa\xcf", b"\xce\xfa\xed\xfe", b"\xcf\xfa\xed\xfe")
 _IDENT_BYTES = frozenset(bytes([c]) for c in b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_")
 
 
@@ -102,6 +106,8 @@ def classify(name: str, head: bytes) -> str:
         return "fatbin"
     if head[:8] == AR_MAGIC:
         return "ar"
+    if head[:4] in _MACHO or (head[:4] == b"\xca\xfe\xba\xbe" and name.endswith((".dylib", ".so"))):
+        return "macho"
     archive = nested.archive_kind(name, head)
     if archive:
         return archive
@@ -281,6 +287,14 @@ def _scan_elf_tables(elf: ElfFile, store: SpanStore, col: _Collector, ctx: ScanC
     mapped = [(g.offset, g.file_size) for g in elf.segments if g.type == PT_LOAD and g.file_size]
     spans = _merged(data_sections(elf) + mapped) if elf.sections or mapped else [(0, elf.size)]
     spans = _without(spans, _merged([(t.offset, t.file_size) for _, _, t in tables if t.file_size]))
+    _scan_data_strings(store, spans, col, ctx)
+
+
+def _scan_data_strings(store: SpanStore, spans, col: _Collector, ctx: ScanContext) -> None:
+    """The strings around retired-op literals in the (offset, length) `spans` of `store`: op
+    schemas and names are findings, texts naming them mentions, and a PTX `.entry` line (PTX
+    text kept in data for `cuModuleLoadData`) is read as PTX: its kernel name is examined."""
+    stats = col.scan.stats
     covered, seen = -1, set()
     for off, n in spans:
         stats["data_bytes"] += store.retained(off, n)
@@ -292,6 +306,10 @@ def _scan_elf_tables(elf: ElfFile, store: SpanStore, col: _Collector, ctx: ScanC
                     continue
                 if len(seen) < 4 * ctx.limits.max_hits_per_member:
                     seen.add(text)
+                entry = _PTX_ENTRY.match(text)
+                if entry:
+                    col.add("ptx-entry", entry.group(1), what="PTX text")
+                    continue
                 kind, ops = ctx.rules.string_kind(text)
                 for op in ops:
                     if kind == "mention":
@@ -440,6 +458,12 @@ def _dispatch(kind: str, src: Pull, col: _Collector, ctx: ScanContext, depth: in
     scan, name, unpacked = col.scan, col.scan.member, src.size
     if kind == "elf":
         _scan_host_elf(src, col, ctx, name)
+    elif kind == "macho":  # no Mach-O reader: every byte is read as data (strings), and for device code
+        with SpanStore(src.size, ctx.limits.retained_in_memory, name, ctx.budget) as store:
+            for off, data in device_split(src, col, _data_file_layers, strict=False):
+                store.add(off, data)
+            _scan_data_strings(store, [(0, src.size)], col, ctx)
+        scan.stats["shipped_macho"] += 1
     elif kind == "ar":
         _scan_ar(src, col, ctx, name)
     elif kind in ("zip", "tar", "compressed"):  # an archive or .zst/.lz4 file: scan what it holds
