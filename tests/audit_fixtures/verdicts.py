@@ -259,6 +259,18 @@ def nested_zeros_over_ratio(d: Path) -> Path:
     return make_wheel(d / "nested.whl", {"pkg/inner.zip": inner})
 
 
+def cubin_magics(d: Path) -> Path:
+    """1,000,000 cubin ELF headers that are no cubin (no section table), in a data file: each
+    costs a header check, counted as an item (refused past 250,000)."""
+    magic = b"\x7fELF\x02\x01" + bytes(12) + b"\xbe\x00"
+    return make_wheel(d / "magics.whl", {"pkg/data.bin": b"DATA\0" + magic * 1_000_000})
+
+
+def ptx_entries(d: Path) -> Path:
+    """A shipped .ptx of 3,000,000 one-line entries: every match counted (refused)."""
+    return make_wheel(d / "entries.whl", {"pkg/k.ptx": b".target sm_90\n" + b".entry a\n" * 3_000_000})
+
+
 # -- small truths ------------------------------------------------------------------------------
 def routed_whole_names(d: Path) -> Path:
     """A line naming an op more than 160 bytes after another, and a bare prefix: whole names."""
@@ -303,6 +315,8 @@ CASES = {
     "macho_library": (macho_library, 1, ["dsv3_router_gemm"], _layers("rodata-string")),
     "digit_run_symbol": (digit_run_symbol, 1, ["bmm_fp8"], _nothing),
     "nested_zeros_over_ratio": (nested_zeros_over_ratio, 2, [], _error("expands more than 200:1")),
+    "cubin_magics": (cubin_magics, 2, [], _error("items to examine")),
+    "ptx_entries": (ptx_entries, 2, [], _error("steps of work")),
     "routed_whole_names": (routed_whole_names, 0, [], _routed(["bmm_fp8", "dsv3_fused_a_gemm"])),
     "tuning_tables": (tuning_tables, 0, [], _routed(["dsv3_router_gemm"])),
 }
