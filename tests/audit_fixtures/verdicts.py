@@ -271,6 +271,27 @@ def ptx_entries(d: Path) -> Path:
     return make_wheel(d / "entries.whl", {"pkg/k.ptx": b".target sm_90\n" + b".entry a\n" * 3_000_000})
 
 
+def _tar_header(name: bytes, size: int, kind: bytes) -> bytes:
+    head = bytearray(512)
+    head[: len(name)] = name
+    head[100:108] = b"0000644\0"
+    head[124:136] = b"%011o\0" % size
+    head[156:157] = kind
+    head[257:263] = b"ustar\0"
+    head[263:265] = b"00"
+    head[148:156] = b" " * 8
+    head[148:156] = b"%06o\0 " % sum(head)
+    return bytes(head)
+
+
+def tar_long_name(d: Path) -> Path:
+    """A tar (deflated in the wheel to a few hundred KB) whose GNU long-name record declares
+    256 MiB: tarfile would read it whole; its size is checked first (refused)."""
+    size = 256 << 20
+    tar = _tar_header(b"././@LongLink", size, b"L") + b"a" * size + _tar_header(b"x", 0, b"0") + bytes(1024)
+    return make_wheel(d / "longname.whl", {"pkg/data.tar": tar})
+
+
 # -- small truths ------------------------------------------------------------------------------
 def routed_whole_names(d: Path) -> Path:
     """A line naming an op more than 160 bytes after another, and a bare prefix: whole names."""
@@ -317,6 +338,7 @@ CASES = {
     "nested_zeros_over_ratio": (nested_zeros_over_ratio, 2, [], _error("expands more than 200:1")),
     "cubin_magics": (cubin_magics, 2, [], _error("items to examine")),
     "ptx_entries": (ptx_entries, 2, [], _error("steps of work")),
+    "tar_long_name": (tar_long_name, 2, [], _error("tar extended header")),
     "routed_whole_names": (routed_whole_names, 0, [], _routed(["bmm_fp8", "dsv3_fused_a_gemm"])),
     "tuning_tables": (tuning_tables, 0, [], _routed(["dsv3_router_gemm"])),
 }

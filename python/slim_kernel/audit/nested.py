@@ -153,8 +153,9 @@ def _tar_members(src, ctx):
     opener = next((o for magic, o in _OPENERS.items() if src.peek(len(magic)) == magic), None)
     raw = SubReader(src, src.remaining)  # the rest of the source, counting what was read
     f = raw if opener is None else _RatioGuard(opener(raw), raw, lim, "compressed tar stream")
-    with tarfile.open(fileobj=f, mode="r|") as tf:
-        for info in tf:
+    with tarfile.open(fileobj=f, mode="r|", tarinfo=_BoundedTarInfo) as tf:
+        while (info := tf.next()) is not None:
+            tf.members.clear()  # headers are not kept: memory does not grow with the member count
             count += 1
             if count > lim.max_members:
                 raise HostileArchiveError(f"more than {lim.max_members} tar members")
@@ -169,6 +170,29 @@ def _tar_members(src, ctx):
             if info.size > lim.max_member_unpacked or total > lim.max_total_unpacked:
                 raise HostileArchiveError(f"tar member {info.name!r} exceeds the size limits (bomb?)")
             yield tf.extractfile(info), info.name, info.size, info.size
+
+
+MAX_TAR_EXTENDED = 1 << 20  # bytes of one GNU long-name/long-link or PAX header record
+
+
+class _BoundedTarInfo(tarfile.TarInfo):
+    """tarfile reads a GNU long name or a PAX record whole, whatever size its header declares:
+    the size is checked first."""
+
+    def _check_extended(self) -> None:
+        if self.size > MAX_TAR_EXTENDED:
+            raise HostileArchiveError(
+                f"tar extended header ({self.type!r}) of {self.size:,} bytes, over the limit of "
+                f"{MAX_TAR_EXTENDED:,} (hostile?)"
+            )
+
+    def _proc_gnulong(self, tarfile):
+        self._check_extended()
+        return super()._proc_gnulong(tarfile)
+
+    def _proc_pax(self, tarfile):
+        self._check_extended()
+        return super()._proc_pax(tarfile)
 
 
 class _RatioGuard(io.RawIOBase):
