@@ -292,6 +292,24 @@ def tar_long_name(d: Path) -> Path:
     return make_wheel(d / "longname.whl", {"pkg/data.tar": tar})
 
 
+def tar_xz_large_dictionary(d: Path) -> Path:
+    """A .tar.xz whose block header declares a 1.5 GiB LZMA2 dictionary: decoder memory capped."""
+    import io
+    import tarfile
+
+    tar = io.BytesIO()
+    with tarfile.open(fileobj=tar, mode="w") as tf:
+        info = tarfile.TarInfo("a.txt")
+        info.size = 4
+        tf.addfile(info, io.BytesIO(b"x=1\n"))
+    xz = bytearray(lzma.compress(tar.getvalue(), lzma.FORMAT_XZ, filters=[{"id": lzma.FILTER_LZMA2}]))
+    end = 12 + (xz[12] + 1) * 4  # the block header after the 12-byte stream header, CRC-32 last
+    assert xz[14:16] == b"\x21\x01"  # one LZMA2 filter, one property byte: the dictionary size
+    xz[16] = 37  # 3 << 29 bytes
+    xz[end - 4 : end] = struct.pack("<I", zlib.crc32(bytes(xz[12 : end - 4])))
+    return make_wheel(d / "xz.whl", {"pkg/libs.tar.xz": bytes(xz)})
+
+
 # -- small truths ------------------------------------------------------------------------------
 def routed_whole_names(d: Path) -> Path:
     """A line naming an op more than 160 bytes after another, and a bare prefix: whole names."""
@@ -339,6 +357,7 @@ CASES = {
     "cubin_magics": (cubin_magics, 2, [], _error("items to examine")),
     "ptx_entries": (ptx_entries, 2, [], _error("steps of work")),
     "tar_long_name": (tar_long_name, 2, [], _error("tar extended header")),
+    "tar_xz_large_dictionary": (tar_xz_large_dictionary, 2, [], _error("decoder memory")),
     "routed_whole_names": (routed_whole_names, 0, [], _routed(["bmm_fp8", "dsv3_fused_a_gemm"])),
     "tuning_tables": (tuning_tables, 0, [], _routed(["dsv3_router_gemm"])),
 }

@@ -40,7 +40,7 @@ _TAR_NAMES = (".tar", ".tar.gz", ".tgz", ".tar.bz2", ".tbz2", ".tar.xz", ".txz")
 _OPENERS = {
     b"\x1f\x8b": lambda f: gzip.GzipFile(fileobj=f, mode="rb"),
     b"BZh": lambda f: bz2.BZ2File(f, "rb"),
-    b"\xfd7zXZ\x00": lambda f: lzma.LZMAFile(f, "rb"),
+    b"\xfd7zXZ\x00": None,  # _XzReader: its decoder memory is capped
 }
 
 
@@ -102,7 +102,8 @@ def _decompressed(src, ctx):
         if method == "zstd":
             import zstandard
 
-            stream = zstandard.ZstdDecompressor().stream_reader(raw, read_across_frames=True)
+            dctx = zstandard.ZstdDecompressor(max_window_size=ctx.limits.max_zstd_window)
+            stream = dctx.stream_reader(raw, read_across_frames=True)
         else:
             import lz4.frame
 
@@ -150,9 +151,13 @@ def _decompressed(src, ctx):
 def _tar_members(src, ctx):
     lim, total, count = ctx.limits, 0, 0
     src.fill(6)
-    opener = next((o for magic, o in _OPENERS.items() if src.peek(len(magic)) == magic), None)
+    magic = next((m for m in _OPENERS if src.peek(len(m)) == m), None)
     raw = SubReader(src, src.remaining)  # the rest of the source, counting what was read
-    f = raw if opener is None else _RatioGuard(opener(raw), raw, lim, "compressed tar stream")
+    if magic is None:
+        f = raw
+    else:
+        opened = _XzReader(raw, lim.max_lzma_dict) if _OPENERS[magic] is None else _OPENERS[magic](raw)
+        f = _RatioGuard(opened, raw, lim, "compressed tar stream")
     with tarfile.open(fileobj=f, mode="r|", tarinfo=_BoundedTarInfo) as tf:
         while (info := tf.next()) is not None:
             tf.members.clear()  # headers are not kept: memory does not grow with the member count
@@ -193,6 +198,36 @@ class _BoundedTarInfo(tarfile.TarInfo):
     def _proc_pax(self, tarfile):
         self._check_extended()
         return super()._proc_pax(tarfile)
+
+
+class _XzReader(io.RawIOBase):
+    """An xz stream read forward, its decoder memory capped near `max_dict` (LZMAFile has no
+    memory limit: a header may declare a 1.5 GiB dictionary)."""
+
+    def __init__(self, raw: SubReader, max_dict: int):
+        self._raw, self._limit = raw, max_dict
+        self._d = lzma.LZMADecompressor(lzma.FORMAT_XZ, memlimit=max_dict + (16 << 20))
+
+    def readable(self) -> bool:
+        return True
+
+    def read(self, n: int = -1) -> bytes:
+        n = WINDOW if n is None or n < 0 else n
+        while not self._d.eof:
+            data = self._raw.read(1 << 16) if self._d.needs_input else b""
+            if self._d.needs_input and not data:
+                raise EOFError("xz stream ends early")
+            try:
+                out = self._d.decompress(data, n)
+            except lzma.LZMAError as exc:
+                if "memory" in str(exc).lower():
+                    raise HostileArchiveError(
+                        f"xz stream needs more decoder memory than a {self._limit:,}-byte dictionary (hostile?)"
+                    ) from None
+                raise
+            if out:
+                return out
+        return b""
 
 
 class _RatioGuard(io.RawIOBase):

@@ -119,7 +119,7 @@ def _scan_task(path: str, members: list[Member], ctx: ScanContext, report=None):
                 verify_member(f, m, ctx.budget)
             out.append(scan)
     _emit(report, pending[0])
-    return out, ctx.budget.items, ctx.budget.unpacked - base
+    return out, ctx.budget.items, ctx.budget.unpacked - base, ctx.budget.spilled
 
 
 def _emit(report, n: int) -> None:
@@ -186,6 +186,10 @@ def _run_pool(path: str, tasks: list[list[Member]], ctx: ScanContext, jobs: int,
     mp = multiprocessing.get_context(method)
     queue = mp.SimpleQueue()
     workers = min(jobs, len(tasks))
+    # each worker may spill its share of the wheel's spill budget (the disk used at once is the
+    # wheel's budget), and the workers' sum is checked here
+    share = replace(ctx.limits, max_spill=ctx.limits.max_spill // workers)
+    ctx = replace(ctx, limits=share, budget=replace(ctx.budget, limits=share))
     results: dict[int, list[MemberScan]] = {}
 
     def drain() -> None:
@@ -196,12 +200,18 @@ def _run_pool(path: str, tasks: list[list[Member]], ctx: ScanContext, jobs: int,
     try:
         todo = iter(enumerate(tasks))
         running = {pool.submit(_scan_task, path, task, ctx): i for i, task in itertools.islice(todo, workers)}
-        items, nested = 0, ctx.budget.unpacked
+        items, nested, spilled = 0, ctx.budget.unpacked, 0
         while running:
             done, _ = wait(running, timeout=0.2, return_when=FIRST_COMPLETED)
             drain()
             for fut in done:
-                results[running.pop(fut)], n, unpacked = fut.result()  # raise the first error now
+                results[running.pop(fut)], n, unpacked, spill = fut.result()  # raise the first error now
+                spilled += spill
+                if spilled > ctx.limits.max_spill * workers:
+                    raise HostileArchiveError(
+                        f"more than {ctx.limits.max_spill * workers:,} bytes to keep on disk while reading this "
+                        "wheel (hostile?)"
+                    )
                 items += n  # each task counted its own (from zero): their sum is the wheel's
                 if items > ctx.limits.max_items:
                     raise HostileArchiveError(too_many_items(ctx.limits))
