@@ -13,7 +13,7 @@ import zipfile
 import zlib
 from pathlib import Path
 
-from . import make_wheel, tiny_elf
+from . import make_wheel, tiny_elf, tiny_tar
 
 HOST = 62  # EM_X86_64
 
@@ -294,15 +294,8 @@ def tar_long_name(d: Path) -> Path:
 
 def tar_xz_large_dictionary(d: Path) -> Path:
     """A .tar.xz whose block header declares a 1.5 GiB LZMA2 dictionary: decoder memory capped."""
-    import io
-    import tarfile
-
-    tar = io.BytesIO()
-    with tarfile.open(fileobj=tar, mode="w") as tf:
-        info = tarfile.TarInfo("a.txt")
-        info.size = 4
-        tf.addfile(info, io.BytesIO(b"x=1\n"))
-    xz = bytearray(lzma.compress(tar.getvalue(), lzma.FORMAT_XZ, filters=[{"id": lzma.FILTER_LZMA2}]))
+    tar = tiny_tar("a.txt", b"x=1\n")
+    xz = bytearray(lzma.compress(tar, lzma.FORMAT_XZ, filters=[{"id": lzma.FILTER_LZMA2}]))
     end = 12 + (xz[12] + 1) * 4  # the block header after the 12-byte stream header, CRC-32 last
     assert xz[14:16] == b"\x21\x01"  # one LZMA2 filter, one property byte: the dictionary size
     xz[16] = 37  # 3 << 29 bytes
