@@ -52,7 +52,7 @@ def _audit(wheel: Path, python: str, env: dict, timeout: float) -> tuple[dict, d
     run = run_bounded(cmd, timeout=timeout + 30, address_space=ADDRESS_SPACE, env=env, keep_stdout=1 << 30)
     try:
         res = json.loads(run.stdout)["wheels"][0]
-        note = res.get("error", "")
+        note = res.get("error", "").replace(f"{wheel.parent}/", "")  # no machine paths in results
     except (ValueError, KeyError, IndexError):
         res, note = None, (run.stderr.strip().splitlines() or ["-"])[-1]
     row = {
