@@ -72,12 +72,16 @@ def test_internal_error_exits_4_with_the_json(tmp_path, capsys, monkeypatch):
     assert "internal error" in out.err
 
 
-def test_crash_outside_a_wheel_is_not_exit_1(monkeypatch, capsys):
+@pytest.mark.parametrize("command", ["audit", "size"])
+def test_crash_outside_a_wheel_is_not_exit_1(command, monkeypatch, capsys):
+    """1 means "found" (audit) or "over budget" (size): a crash is 4."""
+    from slim_kernel.audit import size_cli
+
     def boom(args):
         raise RuntimeError("simulated")
 
-    monkeypatch.setattr(audit_cli, "run", boom)
-    assert main(["audit", "x.whl"]) == 4
+    monkeypatch.setattr(audit_cli if command == "audit" else size_cli, "run", boom)
+    assert main([command, "x.whl"]) == 4
     assert "RuntimeError: simulated" in capsys.readouterr().err
 
 
