@@ -169,3 +169,26 @@ def test_unpacked_bytes_are_bounded_per_wheel_nested_archives_included(tmp_path)
     scan_wheel(str(wheel), ScanContext(Rules(), Limits(max_total_unpacked=20 << 20)), jobs=1)
     with pytest.raises(HostileArchiveError, match="nested archives included"):
         scan_wheel(str(wheel), ScanContext(Rules(), Limits(max_total_unpacked=15 << 20)), jobs=1)
+
+
+@pytest.mark.parametrize("jobs", [1, 2])
+def test_spill_is_bounded_per_wheel_not_per_worker(tmp_path, jobs):
+    """Two nested zips of 50 MiB, each spilled to disk: a 90 MiB spill budget refuses the wheel
+    whether its members are read in-process or by two workers (each may spill its share)."""
+    import io
+
+    from slim_kernel.audit.limits import HostileArchiveError, Limits
+    from slim_kernel.audit.rules import Rules
+    from slim_kernel.audit.runner import scan_wheel
+    from slim_kernel.audit.scan import ScanContext
+
+    inner = io.BytesIO()
+    with zipfile.ZipFile(inner, "w", zipfile.ZIP_STORED) as zf:
+        zf.writestr("zeros.bin", bytes(50 << 20))
+    wheel = tmp_path / "spills.whl"
+    with zipfile.ZipFile(wheel, "w", zipfile.ZIP_DEFLATED) as zf:
+        for i in range(2):
+            zf.writestr(f"pkg/inner{i}.zip", inner.getvalue())
+    scan_wheel(str(wheel), ScanContext(Rules(), Limits(max_spill=120 << 20)), jobs=jobs, progress=False)
+    with pytest.raises(HostileArchiveError, match="to keep on disk"):
+        scan_wheel(str(wheel), ScanContext(Rules(), Limits(max_spill=90 << 20)), jobs=jobs, progress=False)
