@@ -1,4 +1,4 @@
-"""Issue 27's crafted wheels and real AOT wheels, audited in a subprocess under resource limits
+"""The crafted layout wheels and real AOT wheels, audited in a subprocess under resource limits
 (tests/audit_fixtures/bounded.py), and the markdown table of several such runs.
 
 Each run records, per crafted case: exit code, ops found, wall and CPU seconds and peak RSS of
@@ -27,7 +27,11 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
 from audit_fixtures import GXX, NVCC  # noqa: E402
 from audit_fixtures.bounded import audit_cmd, run_bounded  # noqa: E402
-from audit_fixtures.issue27 import BENCH_ONLY, CASES  # noqa: E402
+from audit_fixtures.layouts import BENCH_ONLY, CASES  # noqa: E402
+from audit_fixtures.verdicts import CASES as VERDICTS  # noqa: E402
+
+# the verdict cases in the layout cases' shape: (builder, tools needed, exit code, ops, phrase)
+VERDICT_CASES = {name: (build, (), code, ops, None) for name, (build, code, ops, _) in VERDICTS.items()}
 
 ADDRESS_SPACE = 16 << 30  # per process: generous, the "before" code of some cases needs GiBs
 NOTE = 160  # characters of a refusal message kept
@@ -48,7 +52,7 @@ def _audit(wheel: Path, python: str, env: dict, timeout: float) -> tuple[dict, d
     run = run_bounded(cmd, timeout=timeout + 30, address_space=ADDRESS_SPACE, env=env, keep_stdout=1 << 30)
     try:
         res = json.loads(run.stdout)["wheels"][0]
-        note = res.get("error", "")
+        note = res.get("error", "").replace(f"{wheel.parent}/", "")  # no machine paths in results
     except (ValueError, KeyError, IndexError):
         res, note = None, (run.stderr.strip().splitlines() or ["-"])[-1]
     row = {
@@ -64,9 +68,9 @@ def _audit(wheel: Path, python: str, env: dict, timeout: float) -> tuple[dict, d
 
 
 def run_cases(tree: Path, names: list[str], timeout: float, python: str) -> dict:
-    """Each crafted case (all of CASES and BENCH_ONLY by default), built in a temporary
-    directory and audited once without c++filt on PATH."""
-    cases = {**CASES, **BENCH_ONLY}
+    """Each crafted case (all of CASES, BENCH_ONLY and the verdict cases by default), built in a
+    temporary directory and audited once without c++filt on PATH."""
+    cases = {**CASES, **BENCH_ONLY, **VERDICT_CASES}
     env = _env(tree, python, cxxfilt=False)
     rows = {}
     with tempfile.TemporaryDirectory(prefix="crafted-") as tmp:
@@ -119,7 +123,7 @@ def run_real(tree: Path, wheels: list[Path], timeout: float, python: str, repeat
                 "runs": [{k: r[k] for k in ("wall_s", "cpu_s", "peak_rss_mib", "load_1m")} for r in meas],
                 "findings": len(res["findings"]) if res else None,
                 "findings_per_layer": layers,
-                "mentions": len(res.get("mentions", [])) if res else None,  # none before issue 27
+                "mentions": len(res.get("mentions", [])) if res else None,  # older trees report no mentions
                 "digest": _digest(res) if res else None,
             }
             print(key, rows[key], flush=True)
@@ -179,7 +183,7 @@ def table(out: Path, labels: list[str]) -> str:
     """crafted.md: one column per label (in order), a row per crafted case and per real wheel."""
     docs = [json.loads((out / f"crafted-{label}.json").read_text()) for label in labels]
     lines = [
-        "# Issue 27 crafted wheels: " + " / ".join(d["describe"] for d in docs),
+        "# Crafted layout wheels: " + " / ".join(d["describe"] for d in docs),
         "",
         "Produced by `python benchmark/bench_audit.py --crafted-table " + " ".join(labels) + "` from",
         "`crafted-<label>.json` here, each written by `python benchmark/bench_audit.py --crafted` "

@@ -12,7 +12,7 @@ native library `nm -DC --defined-only`, `strings` and `cuobjdump -symbols` (pip 
 Without --wheel, sgl-kernel 0.3.21 (535 MB, manylinux x86_64 cp310-abi3) is downloaded with
 `pip download` into --download-dir (outside the repository).
 
---crafted: the issue-27 wheels (tests/audit_fixtures/issue27.py) and the --real wheels, each
+--crafted: the crafted layout wheels (tests/audit_fixtures/layouts.py) and the --real wheels, each
 audited by the package in --tree (a `python/` directory: this checkout's by default, or an
 export of an older commit for a "before" column) in a subprocess (benchmark/audit_crafted.py):
 exit code, ops found, wall and CPU seconds, peak RSS, load; merged into <out>/crafted-<label>.json.
@@ -39,6 +39,9 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "python"))  # the tree under test, as for the audit runs below
+sys.path.insert(0, str(REPO / "tests"))  # _wheels.cached_download
+from _wheels import cached_download  # noqa: E402
+
 from slim_kernel.names import OPS  # noqa: E402 (torch-free)
 
 DEFAULT_SPEC = "sgl-kernel==0.3.21"
@@ -47,30 +50,10 @@ OP_RE = re.compile(r"(?<![A-Za-z0-9])(" + "|".join(map(re.escape, OPS)) + r")(?!
 
 
 def download(spec: str, dest: Path) -> Path:
-    dest.mkdir(parents=True, exist_ok=True)
-    name = spec.split("==")[0].replace("-", "_")
-    found = sorted(dest.glob(f"{name}-{spec.split('==')[1]}-*.whl"))
-    if found:
-        return found[0]
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "download",
-            "--no-deps",
-            "--only-binary=:all:",
-            "--platform",
-            "manylinux2014_x86_64",
-            "--python-version",
-            "3.10",
-            spec,
-            "-d",
-            str(dest),
-        ],
-        check=True,
-    )
-    return sorted(dest.glob(f"{name}-*.whl"))[0]
+    wheel, why = cached_download(spec, dest)
+    if wheel is None:
+        raise SystemExit(f"cannot download {spec}: {why}")
+    return wheel
 
 
 def find_cuobjdump() -> str | None:
@@ -220,7 +203,7 @@ def markdown(result: dict) -> str:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--crafted", action="store_true", help="measure the issue-27 crafted wheels instead")
+    p.add_argument("--crafted", action="store_true", help="measure the crafted layout wheels instead")
     p.add_argument("--tree", type=Path, default=REPO / "python", help="--crafted: the package tree to run")
     p.add_argument("--label", default="after", help="--crafted: name of the result file")
     p.add_argument("--describe", default="", help="--crafted: the column's title (default: the label)")

@@ -1,4 +1,4 @@
-"""Issue 14: every crafted wheel, and a WHEEL that is a device or a FIFO, ends quickly in
+"""Every crafted hostile wheel, and a WHEEL that is a device or a FIFO, ends quickly in
 bounded memory with the right exit code. Each runs as a subprocess under RLIMIT_AS; the CPU
 time and the peak RSS of its process tree are asserted (not wall time: CI is a loaded 2-core
 machine; a hang is caught by the harness's timeout). Plus the invariants the bounded readers

@@ -19,11 +19,12 @@ from audit_fixtures import (
     make_wheel,
     overlapping_zip,
     symlink_info,
+    tiny_elf,
     zip_with_info,
 )
 
 import slim_kernel
-from slim_kernel.audit import wheel as wheel_mod
+from slim_kernel.audit import inflate as wheel_mod
 from slim_kernel.audit.limits import HostileArchiveError, Limits
 from slim_kernel.audit.wheel import WheelArchive
 from slim_kernel.cli import main
@@ -45,8 +46,22 @@ def refused(capsys, wheel, *needles: str) -> dict:
     return out
 
 
+def unreadable(capsys, wheel, *needles: str) -> dict:
+    """A member (or a part of one) that cannot be parsed: listed with its reason, and the
+    rest of the wheel judged (exit 0 here: nothing else names a retired op)."""
+    start = time.process_time()
+    rc = main(["audit", "--json", "--no-progress", str(wheel)])
+    out = json.loads(capsys.readouterr().out)["wheels"][0]
+    assert rc == 0 and out["clean"] and out["unreadable"], out
+    assert time.process_time() - start < 10
+    reasons = " | ".join(f"{u['member']}: {u['reason']}" for u in out["unreadable"])
+    for needle in needles:
+        assert needle in reasons, reasons
+    return out
+
+
 def test_zero_filled_data_file_is_read_not_refused(tmp_path, capsys):
-    """Issue 27: no ratio limit on zip members (a 64 MiB zero-filled file deflates 1000:1); the
+    """No ratio limit on zip members (a 64 MiB zero-filled file deflates 1000:1); the
     declared-size limits and the time limit bound the read."""
     wheel = tmp_path / "zeros.whl"
     with zipfile.ZipFile(wheel, "w", zipfile.ZIP_DEFLATED) as zf:
@@ -185,10 +200,16 @@ def test_not_a_zip_empty_and_missing(tmp_path, capsys):
     refused(capsys, tmp_path, "directory")
 
 
-def test_truncated_elf(tmp_path, capsys):
+def test_truncated_elf_is_unreadable_and_the_rest_judged(tmp_path, capsys):
     elf = Path(os.path.realpath(sys.executable)).read_bytes()
-    wheel = make_wheel(tmp_path / "trunc.whl", {"pkg/_ops.so": elf[: len(elf) // 2]})
-    refused(capsys, wheel, "pkg/_ops.so", "truncated")
+    wheel = make_wheel(
+        tmp_path / "trunc.whl", {"pkg/_ops.so": elf[: len(elf) // 2], "pkg/_other.so": tiny_elf(["bmm_fp8"], machine=62)}
+    )
+    rc = main(["audit", "--json", "--no-progress", str(wheel)])
+    out = json.loads(capsys.readouterr().out)["wheels"][0]
+    assert rc == 1 and out["ops_found"] == ["bmm_fp8"], out
+    assert [u["member"] for u in out["unreadable"]] == ["pkg/_ops.so"]
+    assert "truncated" in out["unreadable"][0]["reason"]
 
 
 @pytest.mark.parametrize(
@@ -210,12 +231,15 @@ def test_truncated_elf(tmp_path, capsys):
     ],
 )
 def test_hostile_fatbin_headers(tmp_path, capsys, blob, needle):
+    """A bound (a decompression bomb) refuses the wheel; a header that cannot be parsed makes
+    its member unreadable and the rest is judged."""
+    judge = refused if needle == "decompression bomb" else unreadable
     wheel = make_wheel(tmp_path / "fb.whl", {"pkg/k.fatbin": blob})
-    refused(capsys, wheel, "pkg/k.fatbin", needle)
-    # the same bytes embedded in a host library are refused just the same
+    judge(capsys, wheel, "pkg/k.fatbin", needle)
+    # the same bytes embedded in a host library are judged just the same
     host = bytearray(Path(os.path.realpath(sys.executable)).read_bytes())
     host[64 + 4096 : 64 + 4096 + len(blob)] = blob
-    refused(capsys, make_wheel(tmp_path / "host.whl", {"pkg/_ops.so": bytes(host)}), needle)
+    judge(capsys, make_wheel(tmp_path / "host.whl", {"pkg/_ops.so": bytes(host)}), needle)
 
 
 def test_bad_retired_argument(capsys):

@@ -10,6 +10,7 @@ import argparse
 import importlib
 import os
 import sys
+import traceback
 import warnings
 
 from ._version import __version__
@@ -19,7 +20,8 @@ COMMANDS = {
     "precompile": ("slim_kernel.jit.precompile", "compile into the JIT cache what the routing can pick for the "
                    "given shapes (--model, --router, --fused-a), else every kernel instantiation"),
     "tune": ("slim_kernel.tune", "measure the fastest path for your shapes on this GPU and route by it"),
-    "audit": ("slim_kernel.audit.cli", "check wheels for retired AOT code (exit 0 clean, 1 found, 2 unreadable)"),
+    "audit": ("slim_kernel.audit.cli", "check wheels for retired AOT code (exit 0 clean, 1 found, 2 refused, 3 missing package, "
+              "4 internal error)"),
     "size": ("slim_kernel.audit.size_cli", "report wheel size, per-op native bytes, reduction vs a baseline"),
 }
 
@@ -38,13 +40,20 @@ def main(argv: list[str] | None = None) -> int:
         if name == chosen:
             module = importlib.import_module(module_name)
             module.add_arguments(p)
-            p.set_defaults(_run=module.run)
+            p.set_defaults(_run=module.run, _internal=getattr(module, "EXIT_INTERNAL", None))
     args = parser.parse_args(argv)
     try:
         return int(args._run(args) or 0)
     except BrokenPipeError:  # `slim-kernel info | head`: the reader left; not an error of ours
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit flush
         return 0
+    except Exception:
+        # a command whose exit codes give 1 a meaning (audit: code found) reports a crash as its
+        # own code, never as 1
+        if args._internal is None:
+            raise
+        traceback.print_exc(file=sys.stderr)
+        return args._internal
 
 
 if __name__ == "__main__":

@@ -307,3 +307,15 @@ def fatbin_of(cubins: list[tuple[bytes, int, int]]) -> bytes:
         padded = cubin + b"\0" * (-len(cubin) % 8)
         entries += fatbin_entry(2, padded, sm=sm, flags=flags)
     return fatbin_header(len(entries)) + entries
+
+
+def tiny_tar(name: str, data: bytes) -> bytes:
+    """An uncompressed tar holding one file."""
+    import tarfile
+
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tf:
+        info = tarfile.TarInfo(name)
+        info.size = len(data)
+        tf.addfile(info, io.BytesIO(data))
+    return buf.getvalue()

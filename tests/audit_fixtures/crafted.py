@@ -1,4 +1,4 @@
-"""The crafted wheels of issue 14, generated at test time: tiny on disk, hostile inside.
+"""Crafted hostile wheels, generated at test time: tiny on disk, hostile inside.
 
 Each builder writes one wheel into a directory and returns its path, in well under a second:
 large repetitive members are deflated once per repeated block (deflate of periodic input

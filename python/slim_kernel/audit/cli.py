@@ -1,8 +1,10 @@
 """`slim-kernel audit WHEEL... [--json] [--retired OPS] [--time-limit S]`.
 
 Exit 0: no retired AOT code in any wheel; 1: some found; 2: a wheel could not be read
-(missing, not a regular file, not a zip, empty, hostile, malformed, over the time limit) or a
-bad argument; 3: a package the audit needs is missing. The worst code over all wheels wins.
+(missing, not a regular file, not a zip, empty, hostile, over a limit or the time limit) or a
+bad argument; 3: a package the audit needs is missing; 4: an internal error (the JSON still
+holds the wheel with its error). The worst code over all wheels wins. A member that cannot be
+parsed is listed as `unreadable` and the rest of the wheel is judged.
 `--json` prints one object, ``{"schema": 1, "wheels": [...]}`` (see audit/README.md).
 Never imports torch.
 """
@@ -12,6 +14,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+import traceback
 
 from .findings import SCHEMA, audit_result, error_result, human_report
 from .limits import AuditInputError, Limits, MissingDependencyError
@@ -19,10 +22,17 @@ from .rules import Rules, parse_retired
 from .runner import scan_wheel
 from .scan import ScanContext
 
-EXIT_CLEAN, EXIT_FOUND, EXIT_UNREADABLE, EXIT_MISSING = 0, 1, 2, 3
+EXIT_CLEAN, EXIT_FOUND, EXIT_UNREADABLE, EXIT_MISSING, EXIT_INTERNAL = 0, 1, 2, 3, 4
+EXIT_CODES = (
+    "exit codes: 0 no retired AOT code in any wheel; 1 retired AOT code found; 2 a wheel cannot "
+    "be audited (missing, not a zip, hostile, over a limit or --time-limit) or a bad argument; "
+    "3 a needed package is missing; 4 an internal error of the audit (a bug: please report it; "
+    "the JSON still names the wheel and the error). The highest code over all wheels wins."
+)
 
 
 def add_arguments(parser) -> None:
+    parser.epilog = EXIT_CODES
     parser.add_argument("wheels", nargs="+", metavar="WHEEL", help="wheel files to audit")
     parser.add_argument(
         "--json", action="store_true", help='print JSON: {"schema": 1, "wheels": [one object per wheel]}'
@@ -79,6 +89,10 @@ def audit_one(path: str, ctx: ScanContext, jobs=None, progress=None) -> tuple[di
         return error_result(path, str(exc), time.perf_counter() - start, EXIT_UNREADABLE), EXIT_UNREADABLE
     except MissingDependencyError as exc:
         return error_result(path, str(exc), time.perf_counter() - start, EXIT_MISSING), EXIT_MISSING
+    except Exception as exc:  # a bug of the audit (MemoryError included): never read as "found"
+        message = f"internal error: {type(exc).__name__}: {exc}"
+        traceback.print_exc(file=sys.stderr)
+        return error_result(path, message, time.perf_counter() - start, EXIT_INTERNAL), EXIT_INTERNAL
     result = audit_result(scan, ctx.rules)
     return result, result["exit_code"]
 

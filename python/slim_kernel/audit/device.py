@@ -18,12 +18,13 @@ from dataclasses import dataclass
 
 from ..cubin import decode_sm
 from .elf import STT_FUNC, ElfFile, HitStrings
-from .limits import Limits, MalformedBinaryError
+from .limits import Budget, HostileArchiveError, Limits
 from .rules import Rules
 from .stream import WINDOW, SpanStore, context_windows, window_matches
 
 # Every pattern is shorter than OVERLAP, so a window sees each match whole.
 OVERLAP = 64 << 10
+MATCH_STEPS = 64  # steps (Limits.max_steps) one regex match costs: 40M steps = 625,000 matches
 _TU = re.compile(rb"_INTERNAL_[0-9a-f]{1,64}_(\d{1,4})_")
 _PTX_ENTRY = re.compile(rb"\.entry\s{1,64}([A-Za-z_$%][\w$%]{0,65000})")
 LINE_TABLES = (".debug_line", ".nv_debug_line_sass", ".debug_line_str")
@@ -46,11 +47,12 @@ class DeviceCode:
 class _Tus:
     """Distinct translation-unit file names seen in windows of a string table or PTX text."""
 
-    def __init__(self, limits: Limits, what: str):
+    def __init__(self, limits: Limits, what: str, budget: Budget):
         self.found: dict[str, None] = {}
-        self._limit, self._what = limits.max_hits_per_member, what
+        self._limit, self._what, self._budget = limits.max_hits_per_member, what, budget
 
     def add(self, data: bytes, m: re.Match) -> None:
+        self._budget.step(MATCH_STEPS, self._what)  # each match costs a little Python
         n = int(m.group(1))
         raw = data[m.end() : m.end() + n]
         if n == 0 or len(raw) != n or not _FILE_OK.match(raw):
@@ -61,7 +63,7 @@ class _Tus:
                 name = name[: -len(ext)] + "." + ext[1:]
                 break
         if name not in self.found and len(self.found) >= self._limit:
-            raise MalformedBinaryError(f"{self._what}: more than {self._limit} translation units (hostile?)")
+            raise HostileArchiveError(f"{self._what}: more than {self._limit} translation units (hostile?)")
         self.found[name] = None
 
     def ops(self, rules: Rules) -> tuple[str, ...]:
@@ -76,14 +78,15 @@ def cubin_arch(elf: ElfFile) -> str:
 def summarize_cubin(data, rules: Rules, limits: Limits, what: str, arch: str = "", budget=None) -> DeviceCode:
     """`data`: the cubin (bytes, or a `SpanStore` holding it). `names` is read lazily from
     `data`: consume it while `data` is open. `budget`: the wheel's `Budget`, if any."""
+    budget = budget or Budget(limits=limits)
     elf = ElfFile(data, limits, what)
     strtab = elf.section(".strtab")
-    tus = _Tus(limits, what)
+    tus = _Tus(limits, what, budget)
     if strtab is not None:
         for m in window_matches(_TU, context_windows(elf.chunks(strtab), OVERLAP)):
             tus.add(m.string, m)
     kernels = sum(1 for s in elf.sections if s.name.startswith(".text."))
-    files = _line_files(elf, rules, limits)
+    files = _line_files(elf, rules, limits, budget, what)
     ops = tuple(dict.fromkeys([*tus.ops(rules), *(op for f in files for op in rules.match(f))]))
     code = DeviceCode(
         "cubin", arch or cubin_arch(elf), tuple(tus.found), ops, kernel_count=kernels, line_files=files
@@ -92,8 +95,9 @@ def summarize_cubin(data, rules: Rules, limits: Limits, what: str, arch: str = "
     return code
 
 
-def _line_files(elf: ElfFile, rules: Rules, limits: Limits) -> tuple[str, ...]:
-    """File and directory names in the cubin's line tables that name a retired op."""
+def _line_files(elf: ElfFile, rules: Rules, limits: Limits, budget: Budget, what: str) -> tuple[str, ...]:
+    """File and directory names in the cubin's line tables that name a retired op (each hit
+    costs up to 8 KiB of look-around: counted as an item)."""
     found: dict[str, None] = {}
     for sec in elf.sections:
         if sec.name not in LINE_TABLES:
@@ -102,6 +106,7 @@ def _line_files(elf: ElfFile, rules: Rules, limits: Limits) -> tuple[str, ...]:
             find = rules.finder(data, lo, hi)
             pos = find.find(lo)
             while pos >= 0:
+                budget.count(limits, what)
                 first = pos - _FILE_NAME.match(data[max(0, pos - 4096) : pos][::-1]).end()
                 end = _FILE_NAME.match(data, pos, pos + 4096).end()
                 name = data[first:end].decode("latin-1")
@@ -120,7 +125,7 @@ def _cubin_names(elf: ElfFile, code: DeviceCode, rules: Rules, limits: Limits, w
         if hash(name) in seen:
             return False
         if len(seen) >= limits.max_candidates:
-            raise MalformedBinaryError(f"{what}: more than {limits.max_candidates:,} candidate names")
+            raise HostileArchiveError(f"{what}: more than {limits.max_candidates:,} candidate names")
         seen.add(hash(name))
         return True
 
@@ -139,17 +144,21 @@ def _cubin_names(elf: ElfFile, code: DeviceCode, rules: Rules, limits: Limits, w
                 yield name, sym.size, "kernel" if sym.type == STT_FUNC else "symbol"
 
 
-def summarize_ptx(data, rules: Rules, limits: Limits, what: str, arch: str = "") -> DeviceCode:
+def summarize_ptx(data, rules: Rules, limits: Limits, what: str, arch: str = "", budget=None) -> DeviceCode:
     """`data`: the PTX text (bytes, or a `SpanStore` holding it), read twice: target and
-    translation units first, then (lazily, in `names`) the entries."""
+    translation units first, then (lazily, in `names`) the entries. Every match is counted in
+    the wheel's step budget."""
+    budget = budget or Budget(limits=limits)
     target, count = None, 0
-    tus = _Tus(limits, what)
+    tus = _Tus(limits, what, budget)
     for window in context_windows(_pieces(data), OVERLAP):
         if target is None:
             target = next((m.group(1) for m in window_matches(_PTX_TARGET, [window])), None)
         for m in window_matches(_TU, [window]):
             tus.add(m.string, m)
-        count += sum(1 for _ in window_matches(_PTX_ENTRY, [window]))
+        entries = sum(1 for _ in window_matches(_PTX_ENTRY, [window]))
+        budget.step(entries * MATCH_STEPS, what)
+        count += entries
     code = DeviceCode(
         "ptx",
         arch or (target.decode().replace("sm_", "compute_") if target else "ptx"),

@@ -14,7 +14,7 @@ from array import array
 from bisect import bisect_right
 from typing import NamedTuple
 
-from .limits import Budget, Limits, MalformedBinaryError
+from .limits import Budget, HostileArchiveError, Limits, MalformedBinaryError
 from .stream import WINDOW, context_windows
 
 ELF_MAGIC = b"\x7fELF"
@@ -38,6 +38,18 @@ class Section(NamedTuple):  # a tuple: cubins have thousands of sections
     @property
     def file_size(self) -> int:
         return 0 if self.type == SHT_NOBITS else self.size
+
+
+class Segment(NamedTuple):
+    type: int
+    flags: int
+    offset: int
+    vaddr: int
+    file_size: int
+
+
+PT_LOAD, PT_DYNAMIC = 1, 2
+DT_HASH, DT_STRTAB, DT_SYMTAB, DT_STRSZ, DT_GNU_HASH = 4, 5, 6, 10, 0x6FFFFEF5
 
 
 class Symbol(NamedTuple):
@@ -66,8 +78,30 @@ class ElfFile:
             fields = struct.unpack_from(self.endian + "HHIQQQIHHHHHH", ident, 16)
         else:
             fields = struct.unpack_from(self.endian + "HHIIIIIHHHHHH", ident, 16)
-        (_, self.machine, _, _, _, shoff, self.flags, _, _, _, shentsize, shnum, shstrndx) = fields
+        (_, self.machine, _, _, phoff, shoff, self.flags, _, phentsize, phnum, shentsize, shnum, shstrndx) = (
+            fields
+        )
         self.sections = self._read_sections(shoff, shentsize, shnum, shstrndx)
+        self.segments = self._read_segments(phoff, phentsize, phnum)
+
+    def _read_segments(self, phoff: int, entsize: int, phnum: int) -> list[Segment]:
+        """Program headers (what the loader maps); none in a relocatable object or a cubin
+        without them. A table that does not fit is no table (sections still describe the file)."""
+        want = 56 if self.is64 else 32
+        if not phoff or not phnum or entsize != want or phoff + phnum * entsize > self.size:
+            return []
+        raw = self._read(phoff, phnum * entsize)
+        if self.is64:
+            rows = (
+                (t, fl, off, va, fsz)
+                for t, fl, off, va, _, fsz, _, _ in struct.iter_unpack(self.endian + "IIQQQQQQ", raw)
+            )
+        else:
+            rows = (
+                (t, fl, off, va, fsz)
+                for t, off, va, _, fsz, _, fl, _ in struct.iter_unpack(self.endian + "IIIIIIII", raw)
+            )
+        return [Segment(*row) for row in rows if row[2] + row[4] <= self.size]
 
     # -- raw access -------------------------------------------------------------------------
     def _read(self, off: int, n: int) -> bytes:
@@ -90,14 +124,14 @@ class ElfFile:
         if shstrndx == SHN_XINDEX:
             shstrndx = first[6]
         if shnum > self.limits.max_sections:
-            raise MalformedBinaryError(f"{self.what}: {shnum} sections exceed the limit")
+            raise HostileArchiveError(f"{self.what}: {shnum} sections exceed the limit")
         table = self._read(shoff, shnum * entsize)
         raw = list(struct.iter_unpack(fmt, table))
         names = b""
         if 0 < shstrndx < shnum:
             s = raw[shstrndx]
             if s[1] != SHT_NOBITS and s[5] > self.limits.max_section_names:
-                raise MalformedBinaryError(
+                raise HostileArchiveError(
                     f"{self.what}: section name table of {s[5]} bytes is over the limit"
                 )
             names = self._read(s[4], s[5]) if s[1] != SHT_NOBITS else b""
@@ -114,7 +148,7 @@ class ElfFile:
                 text = decoded[name] = cstr(names, name).decode("latin-1")
                 budget -= len(text)
                 if budget < 0:
-                    raise MalformedBinaryError(
+                    raise HostileArchiveError(
                         f"{self.what}: section names total more than {self.limits.max_section_names:,} bytes"
                     )
             sections.append(Section(i, text, typ, flags, off, size, link, ent))
@@ -149,18 +183,93 @@ class ElfFile:
         end = data.find(b"\x00")
         return data if end < 0 else data[:end]
 
+    def symbol_tables(self) -> list[tuple[str, Section, Section]]:
+        """("dynsym"|"symtab", symbol table, its string table) found as the loader and linkers
+        find them: sections by type (whatever their names), and the dynamic segment's
+        DT_SYMTAB/DT_STRTAB (a library may have no section headers, or mislabelled ones); each
+        table once."""
+        tables, seen = [], set()
+        for sec in self.sections:
+            if sec.type in (SHT_DYNSYM, SHT_SYMTAB) and sec.offset not in seen:
+                seen.add(sec.offset)
+                tables.append(("dynsym" if sec.type == SHT_DYNSYM else "symtab", sec, self.linked(sec)))
+        dynamic = self.dynamic_symbols()
+        if dynamic is not None and dynamic[0].offset not in seen:
+            tables.append(("dynsym", *dynamic))
+        return tables
+
+    def _file_offset(self, vaddr: int) -> int:
+        for seg in self.segments:
+            if seg.type == PT_LOAD and seg.vaddr <= vaddr < seg.vaddr + seg.file_size:
+                return seg.offset + vaddr - seg.vaddr
+        raise MalformedBinaryError(f"{self.what}: address {vaddr:#x} is in no loadable segment")
+
+    def dynamic_symbols(self) -> tuple[Section, Section] | None:
+        """(symbol table, string table) named by the dynamic segment, as synthetic sections;
+        the symbol count from DT_HASH (nchain) or DT_GNU_HASH (the last chain's end)."""
+        seg = next((s for s in self.segments if s.type == PT_DYNAMIC), None)
+        if seg is None:
+            return None
+        word = 8 if self.is64 else 4
+        fmt = self.endian + ("qQ" if self.is64 else "iI")
+        tags: dict[int, int] = {}
+        for at in range(seg.offset, seg.offset + min(seg.file_size, 1 << 16), 2 * word):
+            tag, val = struct.unpack(fmt, self._read(at, 2 * word))
+            if tag == 0:
+                break
+            tags.setdefault(tag, val)
+        if DT_SYMTAB not in tags or DT_STRTAB not in tags:
+            return None
+        symoff, stroff = self._file_offset(tags[DT_SYMTAB]), self._file_offset(tags[DT_STRTAB])
+        strsz = min(tags.get(DT_STRSZ, 0), self.size - stroff)
+        if DT_HASH in tags:
+            count = struct.unpack(self.endian + "I", self._read(self._file_offset(tags[DT_HASH]) + 4, 4))[0]
+        elif DT_GNU_HASH in tags:
+            count = self._gnu_hash_count(self._file_offset(tags[DT_GNU_HASH]), word)
+        else:
+            return None
+        entsize = 24 if self.is64 else 16
+        if count > self.limits.max_symbols:
+            raise HostileArchiveError(f"{self.what}: dynamic symbol table has too many symbols")
+        symtab = Section(-1, "dynamic DT_SYMTAB", SHT_DYNSYM, 0, symoff, count * entsize, -1, entsize)
+        strtab = Section(-1, "dynamic DT_STRTAB", SHT_STRTAB, 0, stroff, max(strsz, 0), -1, 1)
+        return symtab, strtab
+
+    def _gnu_hash_count(self, at: int, word: int) -> int:
+        """Symbols a DT_GNU_HASH table covers: past the highest bucket, to its chain's end."""
+        nbuckets, symoffset, bloom, _ = struct.unpack(self.endian + "IIII", self._read(at, 16))
+        if nbuckets > self.limits.max_symbols or bloom > self.limits.max_symbols:
+            raise HostileArchiveError(f"{self.what}: GNU hash table over the symbol limit")
+        buckets_at = at + 16 + bloom * word
+        buckets = array("I", self._read(buckets_at, 4 * nbuckets))
+        if self.endian == ">":
+            buckets.byteswap()
+        last = max(buckets, default=0)
+        if last < symoffset:
+            return symoffset
+        chain_at = buckets_at + 4 * nbuckets
+        for i in range(last - symoffset, self.limits.max_symbols):
+            (value,) = struct.unpack(self.endian + "I", self._read(chain_at + 4 * i, 4))
+            if value & 1:
+                return symoffset + i + 1
+        raise HostileArchiveError(f"{self.what}: GNU hash chain over the symbol limit")
+
     def iter_symbols(
-        self, sec: Section, wanted_names: HitStrings | None = None, budget: Budget | None = None
+        self,
+        sec: Section,
+        wanted_names: HitStrings | None = None,
+        budget: Budget | None = None,
+        strtab: Section | None = None,
     ):
         """Defined symbols of a SYMTAB/DYNSYM section, each distinct name once, read a window at
         a time with the columns cut out in C (a row costs one budgeted step, whatever the table
         holds); with `wanted_names`, only those whose name contains one of the hits."""
-        strtab = self.linked(sec)
+        strtab = strtab or self.linked(sec)
         entsize = 24 if self.is64 else 16
         if sec.size % entsize:
             raise MalformedBinaryError(f"{self.what}: {sec.name} size is not a multiple of {entsize}")
         if sec.size // entsize > self.limits.max_symbols:
-            raise MalformedBinaryError(f"{self.what}: {sec.name} has too many symbols")
+            raise HostileArchiveError(f"{self.what}: {sec.name} has too many symbols")
         budget = budget or Budget()
         seen: set[int] = set()
         for _, data in self.chunks(sec, (WINDOW // entsize) * entsize):
@@ -230,7 +339,7 @@ class HitStrings:
                 if self.starts and self.starts[-1] == start:
                     self.lasts[-1] = last
                 elif len(self.starts) >= limits.max_hit_strings:
-                    raise MalformedBinaryError(
+                    raise HostileArchiveError(
                         f"{elf.what}: more than {limits.max_hit_strings:,} strings in {strtab.name} "
                         "hold retired op names (hostile?)"
                     )

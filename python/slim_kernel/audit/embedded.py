@@ -17,7 +17,7 @@ import struct
 from . import fatbin
 from .device import summarize_cubin, summarize_ptx
 from .elf import ELF_MAGIC, EM_CUDA
-from .limits import MalformedBinaryError
+from .limits import UNPARSABLE, MalformedBinaryError, unparsable_reason
 from .stream import CHUNK, SpanStore
 
 CUBIN_HEADER = 64
@@ -31,9 +31,10 @@ def device_split(src, col, layers, strict: bool):
     found into `col`. `layers(kind)`: (layer for translation units, layer for names) of code of
     that kind (`"cubin"` for a raw cubin, `"fatbin-cubin"`/`"fatbin-ptx"` for entries)."""
     stats = col.scan.stats
+    fat = _FatbinSearch()
     while src.remaining:
         avail = src.fill(CHUNK)
-        i, kind = _next_magic(src)
+        i, kind = _next_magic(src, fat)
         more = src.remaining > avail
         if i < 0 or (more and i + LOOKAHEAD > avail):  # none, or too near the buffer's end to check
             n = i if i >= 0 else avail - LOOKAHEAD if more else avail
@@ -43,6 +44,7 @@ def device_split(src, col, layers, strict: bool):
         if i:
             yield src.pos, src.take(i)
         at = src.pos
+        col.ctx.budget.count(col.ctx.limits, src.what)  # each magic costs a header check, however small
         # strict: a fatbin header is parsed as one, so the container parser says what is wrong
         why = "" if strict and kind == "fatbin" else _implausible(kind, src, col.ctx.limits)
         if why:
@@ -78,10 +80,30 @@ def _tee(pieces, out: list):
         yield data
 
 
-def _next_magic(src) -> tuple[int, str]:
+class _FatbinSearch:
+    """Where the next fatbin header is, remembered across calls, so the buffer is searched for
+    it once however many other magics lie before it (a search per magic is quadratic)."""
+
+    def __init__(self):
+        self.at = -1  # absolute offset of a checked header ahead, or -1
+        self.clear_to = 0  # absolute offset before which there is none
+
+    def next(self, src) -> int:
+        if self.at >= src.pos:
+            return self.at - src.pos
+        at = fatbin.find_container(src, max(0, self.clear_to - src.pos))
+        if at >= 0 and src.buffered - at >= 8:  # checked whole: remembered
+            self.at = src.pos + at
+        else:  # none (or one cut by the buffer's end, checked again once more is buffered)
+            self.at = -1
+            self.clear_to = src.pos + (at if at >= 0 else max(src.buffered - 7, 0))
+        return at
+
+
+def _next_magic(src, search: _FatbinSearch) -> tuple[int, str]:
     """The first fatbin header or cubin ELF header buffered in `src` (a `stream.Pull`):
     (offset from its position, "fatbin"|"cubin"), or -1."""
-    fat = fatbin.find_container(src)
+    fat = search.next(src)
     # only before it: back-to-back headers must not rescan the buffer each
     end = fat if fat >= 0 else src.buffered
     at = src.find(ELF_MAGIC, 0, end)
@@ -159,8 +181,12 @@ def device_code(col, kind, windows, size, what, layers, stored, compression="non
         for data in windows:
             store.add(at, data)
             at += len(data)
-        if kind == "cubin":
-            code = summarize_cubin(store, ctx.rules, ctx.limits, what, arch, ctx.budget)
-        else:
-            code = summarize_ptx(store, ctx.rules, ctx.limits, what, arch)
+        try:
+            if kind == "cubin":
+                code = summarize_cubin(store, ctx.rules, ctx.limits, what, arch, ctx.budget)
+            else:
+                code = summarize_ptx(store, ctx.rules, ctx.limits, what, arch, ctx.budget)
+        except UNPARSABLE as exc:  # this payload cannot be parsed: listed, the rest is read on
+            col.unreadable(layers[1], unparsable_reason(exc))
+            return
         col.add_device(code, layers, stored, size, compression)

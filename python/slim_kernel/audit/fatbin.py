@@ -22,7 +22,7 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 
-from .limits import Limits, MalformedBinaryError, MissingDependencyError
+from .limits import HostileArchiveError, Limits, MalformedBinaryError, MissingDependencyError
 from .stream import WINDOW, SubReader
 
 MAGIC = 0xBA55ED50
@@ -119,7 +119,7 @@ def _read_entry(src, end: int, limits: Limits) -> tuple[Entry, int]:
             f"{what} declares a {stored}-byte payload, only {end - src.pos} remain in its container"
         )
     if stored > limits.max_entry_unpacked:
-        raise MalformedBinaryError(f"{what}: payload of {stored} bytes is over the limit")
+        raise HostileArchiveError(f"{what}: payload of {stored} bytes is over the limit")
     kind = KINDS.get(kind_id, f"kind{kind_id}")
     compression = "lz4" if flags & FLAG_LZ4 else "zstd" if flags & FLAG_ZSTD else "none"
     if compression == "none":
@@ -133,11 +133,11 @@ def _check_declared(method: str, stored: int, csize: int, usize: int, limits: Li
     if not 0 < csize <= stored:
         raise MalformedBinaryError(f"{what}: compressed size {csize} outside its {stored}-byte payload")
     if usize > limits.max_entry_unpacked or usize > max(csize, 1) * limits.max_entry_ratio:
-        raise MalformedBinaryError(
+        raise HostileArchiveError(
             f"{what}: declares {usize} bytes uncompressed from {csize} (decompression bomb?)"
         )
     if method == "lz4" and usize > limits.max_lz4_entry:
-        raise MalformedBinaryError(
+        raise HostileArchiveError(
             f"{what}: LZ4 payload of {usize:,} bytes is over the limit of {limits.max_lz4_entry:,} "
             "(LZ4 blocks decompress in one piece)"
         )
@@ -186,7 +186,7 @@ def _zstd(raw: SubReader, usize: int, limits: Limits, what: str):
                     break
                 got += len(part)
                 if got > max(raw.consumed, 1) * limits.max_entry_ratio:
-                    raise MalformedBinaryError(
+                    raise HostileArchiveError(
                         f"{what}: zstd payload expands more than {limits.max_entry_ratio:.0f}:1 "
                         "(decompression bomb?)"
                     )

@@ -92,8 +92,9 @@ def audit_result(scan: WheelScan, rules: Rules) -> dict:
     bad_layers = Counter(u["layer"] for u in unreadable)
     return {
         "wheel": scan.path,
-        "exit_code": 1 if findings else 2 if unreadable else 0,
-        "clean": not findings and not unreadable,
+        # an unreadable part is listed with its reason; the verdict is on everything else
+        "exit_code": 1 if findings else 0,
+        "clean": not findings,
         "ops_found": sorted({f["op"] for f in findings}),
         "findings": findings,
         "mentions": [m for s in scan.scans for m in s.mentions],
@@ -131,12 +132,13 @@ def human_report(result: dict, examples: int = 3) -> str:
     lines = []
     name = result["wheel"]
     if "error" in result:
-        label = "MISSING DEPENDENCY" if result["exit_code"] == 3 else "UNREADABLE"
+        label = {3: "MISSING DEPENDENCY", 4: "INTERNAL ERROR"}.get(result["exit_code"], "UNREADABLE")
         return f"{name}: {label}: {result['error']}"
     if result["ops_found"]:
         verdict = f"RETIRED AOT CODE FOUND: {', '.join(result['ops_found'])}"
     else:
-        verdict = "NOT ALL LAYERS READABLE" if result["unreadable"] else "CLEAN"
+        n = len(result["unreadable"])
+        verdict = f"CLEAN ({n} unreadable part{'s' * (n != 1)} listed below)" if n else "CLEAN"
     lines.append(f"{name}: {verdict}")
     lines.append(
         f"  {result['members']} members, {result['bytes_unpacked']:,} bytes unpacked, "

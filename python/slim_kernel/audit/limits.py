@@ -6,6 +6,7 @@ Every limit is documented in audit/README.md ("Limits"); change both together.
 from __future__ import annotations
 
 import math
+import struct
 import time
 from dataclasses import dataclass
 
@@ -24,6 +25,16 @@ class MalformedBinaryError(AuditInputError):
 
 class TimeLimitError(AuditInputError):
     """The wheel took longer than `Limits.max_seconds` to scan."""
+
+
+# what a parser raises on content it cannot read (a bound is never one: HostileArchiveError)
+UNPARSABLE = (MalformedBinaryError, struct.error, IndexError, ValueError, OverflowError, UnicodeError)
+
+
+def unparsable_reason(exc: Exception) -> str:
+    if isinstance(exc, MalformedBinaryError):
+        return str(exc)
+    return f"malformed content ({type(exc).__name__}: {exc})"
 
 
 class MissingDependencyError(Exception):
@@ -57,6 +68,10 @@ class Limits:
     max_entry_ratio: float = 1000.0  # fatbin payload decompression ratio
     retained_in_memory: int = 40 * MiB  # bytes of one ELF (host library or cubin) kept in RAM, then spilled
     max_lz4_entry: int = 40 * MiB  # LZ4 block payloads decompress in one piece
+    # decoder memory of a zip member or a .zst file (fatbin zstd payloads keep zstd's own cap,
+    # 128 MiB, so two windows at once stay under 160 MiB); xz -9 uses a 64 MiB dictionary
+    max_zstd_window: int = 32 * MiB
+    max_lzma_dict: int = 64 * MiB
     max_sections: int = 65_536
     max_section_names: int = 4 * MiB  # distinct section-name bytes of one ELF (real: 780 KB)
     max_symbols: int = 4_000_000  # per symbol table
@@ -67,10 +82,12 @@ class Limits:
     max_repeats: int = 50_000  # the same evidence again (other archs/cubins) per member (real: 1,030)
     # items per wheel that cost a little Python each, however small they are made: fatbin
     # containers and entries, ar members, members of nested archives (NESTED_MEMBER_WEIGHT each:
-    # reading one costs about as much), strings and text lines holding a retired-op literal, names
+    # reading one costs about as much), strings in library data holding a retired-op literal, names
     # examined. sgl-kernel 0.3.21: 6,262.
     max_items: int = 250_000
     max_text_lines: int = 10_000  # routed/info lines examined per text member
+    # ... and per wheel: their own cap, apart from max_items (the rest are counted, never refused)
+    max_routed_lines: int = 200_000
     # steps per wheel that cost a few nanoseconds each: symbol-table rows read, bytes of names
     # and strings examined (per KiB). sgl-kernel 0.3.21: see audit/README.md.
     max_steps: int = 40_000_000
@@ -88,6 +105,8 @@ class Budget:
     items: int = 0
     steps: int = 0
     spilled: int = 0
+    routed: int = 0
+    unpacked: int = 0  # bytes of the wheel's members and of its nested archives' members
     limits: Limits = Limits()
 
     @classmethod
@@ -107,6 +126,20 @@ class Budget:
         self.items += weight
         if self.items > limits.max_items:
             raise HostileArchiveError(f"{what}: {too_many_items(limits)}")
+
+    def unpack(self, unpacked: int, compressed: int, what: str) -> None:
+        """Count a member of a nested archive: the wheel's unpacked bytes, nested archives
+        included, stay within `max_total_unpacked`, and past `ratio_floor` a nested member may
+        not expand more than `max_ratio` (nesting multiplies what each level may declare)."""
+        self.unpacked += unpacked
+        _refuse_past(self.unpacked, self.limits.max_total_unpacked, what,
+                     "bytes unpacked in this wheel, nested archives included (zip bomb?)")
+        check_ratio(unpacked, compressed, self.limits, what)
+
+    def routed_line(self) -> bool:
+        """Count one routed (info) text line; False once the wheel's own cap for them is reached."""
+        self.routed += 1
+        return self.routed <= self.limits.max_routed_lines
 
     def step(self, n: int, what: str) -> None:
         """Count `n` cheap steps (symbol rows, KiB of names and strings examined)."""
@@ -128,7 +161,7 @@ def _refuse_past(count: int, limit: int, what: str, unit: str) -> None:
 def too_many_items(limits: Limits) -> str:
     return (
         f"more than {limits.max_items:,} items to examine in this wheel (fatbin headers, archive "
-        "members, strings, lines and names that hold retired-op names; hostile?)"
+        "members, strings and names that hold retired-op names; hostile?)"
     )
 
 

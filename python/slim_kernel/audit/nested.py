@@ -25,7 +25,9 @@ from .limits import (
     NESTED_MEMBER_WEIGHT,
     AuditInputError,
     HostileArchiveError,
+    MalformedBinaryError,
     MissingDependencyError,
+    TimeLimitError,
     check_ratio,
 )
 from .stream import WINDOW, PrivateSpill, SubReader, copy_to_file
@@ -38,7 +40,7 @@ _TAR_NAMES = (".tar", ".tar.gz", ".tgz", ".tar.bz2", ".tbz2", ".tar.xz", ".txz")
 _OPENERS = {
     b"\x1f\x8b": lambda f: gzip.GzipFile(fileobj=f, mode="rb"),
     b"BZh": lambda f: bz2.BZ2File(f, "rb"),
-    b"\xfd7zXZ\x00": lambda f: lzma.LZMAFile(f, "rb"),
+    b"\xfd7zXZ\x00": None,  # _XzReader: its decoder memory is capped
 }
 
 
@@ -66,12 +68,15 @@ def scan_archive(kind: str, src, col, ctx, depth: int, scan_member) -> None:
         members = {"zip": _zip_members, "tar": _tar_members, "compressed": _decompressed}[kind]
         for stream, name, unpacked, compressed in members(src, ctx):
             ctx.budget.count(ctx.limits, name, NESTED_MEMBER_WEIGHT)
+            ctx.budget.unpack(unpacked, compressed, f"{scan.member}!{name}")
             _merge(col, scan_member(stream, name, unpacked, compressed, ctx, depth=depth + 1))
         src.skip(src.remaining)  # the rest (a central directory, padding) still gets its CRC checked
-    except AuditInputError as exc:
+    except (HostileArchiveError, TimeLimitError) as exc:  # a bound: the wheel is refused
         raise type(exc)(f"{scan.member} (nested {kind}): {exc}") from None
+    except AuditInputError as exc:  # a nested archive that cannot be read: this member is unreadable
+        raise MalformedBinaryError(f"{scan.member} (nested {kind}): {exc}") from None
     except (tarfile.TarError, EOFError, OSError, ValueError, struct.error, zlib.error, lzma.LZMAError) as exc:
-        raise AuditInputError(f"{scan.member} (nested {kind}): unreadable: {exc}") from None
+        raise MalformedBinaryError(f"{scan.member} (nested {kind}): unreadable: {exc}") from None
     scan.stats[f"nested_{kind}"] += 1
 
 
@@ -97,7 +102,8 @@ def _decompressed(src, ctx):
         if method == "zstd":
             import zstandard
 
-            stream = zstandard.ZstdDecompressor().stream_reader(raw, read_across_frames=True)
+            dctx = zstandard.ZstdDecompressor(max_window_size=ctx.limits.max_zstd_window)
+            stream = dctx.stream_reader(raw, read_across_frames=True)
         else:
             import lz4.frame
 
@@ -145,11 +151,16 @@ def _decompressed(src, ctx):
 def _tar_members(src, ctx):
     lim, total, count = ctx.limits, 0, 0
     src.fill(6)
-    opener = next((o for magic, o in _OPENERS.items() if src.peek(len(magic)) == magic), None)
+    magic = next((m for m in _OPENERS if src.peek(len(m)) == m), None)
     raw = SubReader(src, src.remaining)  # the rest of the source, counting what was read
-    f = raw if opener is None else _RatioGuard(opener(raw), raw, lim, "compressed tar stream")
-    with tarfile.open(fileobj=f, mode="r|") as tf:
-        for info in tf:
+    if magic is None:
+        f = raw
+    else:
+        opened = _XzReader(raw, lim.max_lzma_dict) if _OPENERS[magic] is None else _OPENERS[magic](raw)
+        f = _RatioGuard(opened, raw, lim, "compressed tar stream")
+    with tarfile.open(fileobj=f, mode="r|", tarinfo=_BoundedTarInfo) as tf:
+        while (info := tf.next()) is not None:
+            tf.members.clear()  # headers are not kept: memory does not grow with the member count
             count += 1
             if count > lim.max_members:
                 raise HostileArchiveError(f"more than {lim.max_members} tar members")
@@ -164,6 +175,59 @@ def _tar_members(src, ctx):
             if info.size > lim.max_member_unpacked or total > lim.max_total_unpacked:
                 raise HostileArchiveError(f"tar member {info.name!r} exceeds the size limits (bomb?)")
             yield tf.extractfile(info), info.name, info.size, info.size
+
+
+MAX_TAR_EXTENDED = 1 << 20  # bytes of one GNU long-name/long-link or PAX header record
+
+
+class _BoundedTarInfo(tarfile.TarInfo):
+    """tarfile reads a GNU long name or a PAX record whole, whatever size its header declares:
+    the size is checked first."""
+
+    def _check_extended(self) -> None:
+        if self.size > MAX_TAR_EXTENDED:
+            raise HostileArchiveError(
+                f"tar extended header ({self.type!r}) of {self.size:,} bytes, over the limit of "
+                f"{MAX_TAR_EXTENDED:,} (hostile?)"
+            )
+
+    def _proc_gnulong(self, tarfile):
+        self._check_extended()
+        return super()._proc_gnulong(tarfile)
+
+    def _proc_pax(self, tarfile):
+        self._check_extended()
+        return super()._proc_pax(tarfile)
+
+
+class _XzReader(io.RawIOBase):
+    """An xz stream read forward, its decoder memory capped near `max_dict` (LZMAFile has no
+    memory limit: a header may declare a 1.5 GiB dictionary)."""
+
+    def __init__(self, raw: SubReader, max_dict: int):
+        self._raw, self._limit = raw, max_dict
+        self._d = lzma.LZMADecompressor(lzma.FORMAT_XZ, memlimit=max_dict + (16 << 20))
+
+    def readable(self) -> bool:
+        return True
+
+    def read(self, n: int = -1) -> bytes:
+        n = WINDOW if n is None or n < 0 else n
+        while not self._d.eof:
+            data = self._raw.read(1 << 16) if self._d.needs_input else b""
+            if self._d.needs_input and not data:
+                raise EOFError("xz stream ends early")
+            try:
+                out = self._d.decompress(data, n)
+            except lzma.LZMAError as exc:
+                if "memory" in str(exc).lower():
+                    raise HostileArchiveError(
+                        f"xz stream needs more decoder memory than a {self._limit:,}-byte dictionary (hostile?)"
+                    ) from None
+                raise
+            if out:
+                return out
+        return b""
 
 
 class _RatioGuard(io.RawIOBase):
@@ -188,6 +252,10 @@ def _merge(col, inner) -> None:
     for hit in inner.hits:
         hit.evidence = f"{inner.member}: {hit.evidence}"
         col.hit(hit)
+    for m in inner.mentions:
+        col.mention(m["op"], m["layer"], f"{inner.member}: {m['evidence']}")
+    for u in inner.unreadable:
+        col.unreadable(u["layer"], f"{inner.member}: {u['reason']}")
     outer.blobs.extend(inner.blobs)
     for r in inner.routed:
         r["member"] = f"{outer.member}!{r['member']}"

@@ -30,7 +30,8 @@ _PATTERN_OK = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\*?$")
 _SCHEMA = re.compile(r"^(?:[A-Za-z_]\w*::)?([A-Za-z_]\w*)(?:\.\w+)?\((.*)\)\s*->\s*\S.*$", re.S)
 # <length><source name> inside a mangled name (searched from the end of the previous name, so
 # a length right after a name ending in a digit, as in "3__467_GLOBAL__N_...", is whole)
-_SOURCE_NAME = re.compile(r"([0-9]+)(?=[A-Za-z_$])")
+_DIGITS = re.compile(r"[0-9]+")  # a length: the digit run is read once, then what follows it
+_NAME_START = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz_$")
 _IDENT = re.compile(r"[A-Za-z0-9_$]+")
 # another library's op named by its qualified name: ns::op, ns.op (the op ends the string)
 _QUALIFIED = re.compile(r"^(?:[A-Za-z_]\w*(?:::|\.))+([A-Za-z_]\w*)$")
@@ -76,7 +77,8 @@ class Rules:
         object.__setattr__(self, "_exact", re.compile(f"{left}({exact_re}){right}"))
         glob_re = "|".join(re.escape(g) for g in globs)
         object.__setattr__(
-            self, "_glob", re.compile(f"{left}((?:{glob_re})[A-Za-z0-9_]*){right}") if globs else None
+            # a name ending in "_" is a prefix, not an op (a bare "dsv3_" names nothing)
+            self, "_glob", re.compile(f"{left}((?:{glob_re})[A-Za-z0-9_]*(?<!_)){right}") if globs else None
         )
         # literals every match contains; a literal containing a shorter one is redundant
         lits = {p.rstrip("*").encode() for p in self.patterns}
@@ -163,10 +165,14 @@ def source_names(text: str, at: int = 0):
     end of the identifier run a length points into is found once per run."""
     run_end = -1
     while True:
-        m = _SOURCE_NAME.search(text, at)
+        m = _DIGITS.search(text, at)
         if m is None:
             return
-        start, n = m.end(), int(m.group(1)[:7])
+        start = m.end()
+        if start >= len(text) or text[start] not in _NAME_START:
+            at = start  # digits not followed by a name: skipped whole (no rescan of the run)
+            continue
+        n = int(m.group()[:7])
         if start >= run_end:
             run_end = _IDENT.match(text, start).end()
         if start + n <= run_end:

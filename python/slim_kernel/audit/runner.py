@@ -10,15 +10,14 @@ from __future__ import annotations
 import itertools
 import multiprocessing
 import os
-import struct
 import sys
 import time
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import dataclass, field, replace
 
-from .limits import AuditInputError, Budget, HostileArchiveError, MalformedBinaryError, MiB, too_many_items
+from .limits import Budget, HostileArchiveError, MiB, too_many_items
 from .scan import MemberScan, ScanContext, scan_member
-from .wheel import Member, WheelArchive, member_stream, open_regular
+from .wheel import Member, WheelArchive, member_stream, open_regular, verify_member
 
 BIG_MEMBER = 16 * MiB
 BATCH_BYTES = 32 * MiB
@@ -104,7 +103,7 @@ def _init_worker(queue) -> None:
 
 def _scan_task(path: str, members: list[Member], ctx: ScanContext, report=None):
     """Scan `members`; returns their scans and the items counted in `ctx.budget`."""
-    pending = [0]
+    pending, base = [0], ctx.budget.unpacked
 
     def on_progress(n: int) -> None:
         pending[0] += n
@@ -115,18 +114,12 @@ def _scan_task(path: str, members: list[Member], ctx: ScanContext, report=None):
     out = []
     with open_regular(path) as f:
         for m in members:  # validated by the parent: read each straight from its offset
-            try:
-                out.append(
-                    scan_member(member_stream(f, m), m.name, m.unpacked, m.compressed, ctx, on_progress)
-                )
-            except AuditInputError:
-                raise
-            except (struct.error, IndexError, ValueError, OverflowError, UnicodeError) as exc:
-                raise MalformedBinaryError(
-                    f"{m.name}: malformed content ({type(exc).__name__}: {exc})"
-                ) from None
+            scan = scan_member(member_stream(f, m, ctx.limits), m.name, m.unpacked, m.compressed, ctx, on_progress)
+            if scan.unreadable:  # its parse stopped early: the archive's own check (CRC) still runs
+                verify_member(f, m, ctx.budget)
+            out.append(scan)
     _emit(report, pending[0])
-    return out, ctx.budget.items
+    return out, ctx.budget.items, ctx.budget.unpacked - base, ctx.budget.spilled
 
 
 def _emit(report, n: int) -> None:
@@ -166,7 +159,7 @@ def scan_wheel(
     with WheelArchive(path, ctx.limits) as archive:
         members = archive.members
     result = WheelScan(os.fspath(path), members)
-    total = result.unpacked
+    total = ctx.budget.unpacked = result.unpacked  # nested archives' members add to it
     jobs = max(1, jobs or os.cpu_count() or 1)
     show = progress if progress is not None else (total >= PROGRESS_THRESHOLD and sys.stderr.isatty())
     bar = Progress(total, os.path.basename(path), bool(show))
@@ -193,6 +186,10 @@ def _run_pool(path: str, tasks: list[list[Member]], ctx: ScanContext, jobs: int,
     mp = multiprocessing.get_context(method)
     queue = mp.SimpleQueue()
     workers = min(jobs, len(tasks))
+    # each worker may spill its share of the wheel's spill budget (the disk used at once is the
+    # wheel's budget), and the workers' sum is checked here
+    share = replace(ctx.limits, max_spill=ctx.limits.max_spill // workers)
+    ctx = replace(ctx, limits=share, budget=replace(ctx.budget, limits=share))
     results: dict[int, list[MemberScan]] = {}
 
     def drain() -> None:
@@ -203,15 +200,27 @@ def _run_pool(path: str, tasks: list[list[Member]], ctx: ScanContext, jobs: int,
     try:
         todo = iter(enumerate(tasks))
         running = {pool.submit(_scan_task, path, task, ctx): i for i, task in itertools.islice(todo, workers)}
-        items = 0
+        items, nested, spilled = 0, ctx.budget.unpacked, 0
         while running:
             done, _ = wait(running, timeout=0.2, return_when=FIRST_COMPLETED)
             drain()
             for fut in done:
-                results[running.pop(fut)], n = fut.result()  # raise the first error now
+                results[running.pop(fut)], n, unpacked, spill = fut.result()  # raise the first error now
+                spilled += spill
+                if spilled > ctx.limits.max_spill * workers:
+                    raise HostileArchiveError(
+                        f"more than {ctx.limits.max_spill * workers:,} bytes to keep on disk while reading this "
+                        "wheel (hostile?)"
+                    )
                 items += n  # each task counted its own (from zero): their sum is the wheel's
                 if items > ctx.limits.max_items:
                     raise HostileArchiveError(too_many_items(ctx.limits))
+                nested += unpacked
+                if nested > ctx.limits.max_total_unpacked:
+                    raise HostileArchiveError(
+                        f"more than {ctx.limits.max_total_unpacked:,} bytes unpacked in this wheel, nested "
+                        "archives included (zip bomb?)"
+                    )
                 for i, task in itertools.islice(todo, 1):
                     running[pool.submit(_scan_task, path, task, ctx)] = i
             ctx.budget.check_time()

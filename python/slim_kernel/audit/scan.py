@@ -17,9 +17,9 @@ from dataclasses import dataclass, field
 
 from . import demangle, fatbin, nested
 from .device import DeviceCode
-from .elf import ELF_MAGIC, EM_CUDA, ElfFile, HitStrings
+from .elf import ELF_MAGIC, EM_CUDA, PT_LOAD, ElfFile, HitStrings
 from .embedded import device_code, device_split
-from .limits import Budget, Limits, MalformedBinaryError
+from .limits import UNPARSABLE, Budget, HostileArchiveError, Limits, MalformedBinaryError, unparsable_reason
 from .rules import Rules
 from .stream import Pull, SpanStore, SubReader, context_windows
 
@@ -34,6 +34,12 @@ _PYTHON = {".py", ".pyi", ".pyx", ".pxd"}
 _SOURCES = {".cu", ".cuh", ".h", ".hh", ".hpp", ".cc", ".cpp", ".cxx", ".c", ".inl", ".inc"}
 _ROUTED = {**dict.fromkeys(_PYTHON, "python"), **dict.fromkeys(_SOURCES, "jit-source")}  # by suffix
 _PRINTABLE = re.compile(rb"[\x20-\x7e]*")
+_IDENT_END = re.compile(rb"[A-Za-z0-9_]*")
+_PTX_ENTRY = re.compile(r"\s*(?:\.(?:visible|weak|extern)\s+)*\.entry\s+([A-Za-z_$%][A-Za-z0-9_$]*)")
+# Mach-O (32/64-bit, either byte order; a universal binary only by its library name: its magic
+# is also a Java class file's)
+_MACHO = (b"\xfe\xed\xfa\xce", b"\xfe\xed\xfa\xcf", b"\xce\xfa\xed\xfe", b"\xcf\xfa\xed\xfe")
+_IDENT_BYTES = frozenset(bytes([c]) for c in b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_")
 
 
 @dataclass(frozen=True)
@@ -100,6 +106,8 @@ def classify(name: str, head: bytes) -> str:
         return "fatbin"
     if head[:8] == AR_MAGIC:
         return "ar"
+    if head[:4] in _MACHO or (head[:4] == b"\xca\xfe\xba\xbe" and name.endswith((".dylib", ".so"))):
+        return "macho"
     archive = nested.archive_kind(name, head)
     if archive:
         return archive
@@ -134,7 +142,7 @@ class _Collector:
         self._examined += 1
         self.ctx.budget.count(self.ctx.limits, self.scan.member, 1 + len(name) // 64)
         if self._examined > self.ctx.limits.max_candidates:
-            raise MalformedBinaryError(
+            raise HostileArchiveError(
                 f"{self.scan.member}: more than {self.ctx.limits.max_candidates:,} names to examine (hostile?)"
             )
         found = dict.fromkeys([*ops, *self.ctx.rules.match(name)])
@@ -231,6 +239,22 @@ def _merged(spans):
     return out
 
 
+def _without(spans, holes):
+    """Sorted, merged (offset, length) `spans` minus the sorted, merged `holes`."""
+    out = []
+    for off, n in spans:
+        end = off + n
+        for h_off, h_n in holes:
+            if h_off + h_n <= off or h_off >= end:
+                continue
+            if h_off > off:
+                out.append((off, h_off - off))
+            off = max(off, h_off + h_n)
+        if off < end:
+            out.append((off, end - off))
+    return out
+
+
 def data_sections(elf: ElfFile):
     """(offset, size) of every allocated, non-executable section with contents: .rodata*,
     .data*, .data.rel.ro, init arrays and any custom one (where op tables and strings live)."""
@@ -247,19 +271,30 @@ def data_sections(elf: ElfFile):
 
 def _scan_elf_tables(elf: ElfFile, store: SpanStore, col: _Collector, ctx: ScanContext) -> None:
     stats = col.scan.stats
-    for sec_name, layer in ((".dynsym", "elf-dynsym"), (".symtab", "elf-symtab")):
-        sec = elf.section(sec_name)
-        if sec is None:
-            continue
+    tables = elf.symbol_tables()
+    for kind, sec, strtab in tables:
+        layer = f"elf-{kind}"
         stats[f"{layer}_symbols"] += sec.size // (24 if elf.is64 else 16)
-        hits = HitStrings(elf, elf.linked(sec), ctx.rules, ctx.limits, ctx.budget)
+        hits = HitStrings(elf, strtab, ctx.rules, ctx.limits, ctx.budget)
         if not hits:
             continue
-        for sym in elf.iter_symbols(sec, hits, ctx.budget):
+        for sym in elf.iter_symbols(sec, hits, ctx.budget, strtab):
             if sym.type != 3:  # STT_SECTION names are not symbols of code
                 col.add(layer, sym.name.decode("latin-1"), sym.size, what="file" if sym.type == 4 else "")
-    # no section headers: read every retained byte as if it were data
-    spans = [(0, elf.size)] if not elf.sections else _merged(data_sections(elf))
+    # data: allocated data sections whatever their names, and every byte the loader maps (a
+    # renamed, unflagged .rodata is still read); no headers at all: every retained byte. The
+    # symbols' string tables are not data: their names were read as symbols (defined ones only)
+    mapped = [(g.offset, g.file_size) for g in elf.segments if g.type == PT_LOAD and g.file_size]
+    spans = _merged(data_sections(elf) + mapped) if elf.sections or mapped else [(0, elf.size)]
+    spans = _without(spans, _merged([(t.offset, t.file_size) for _, _, t in tables if t.file_size]))
+    _scan_data_strings(store, spans, col, ctx)
+
+
+def _scan_data_strings(store: SpanStore, spans, col: _Collector, ctx: ScanContext) -> None:
+    """The strings around retired-op literals in the (offset, length) `spans` of `store`: op
+    schemas and names are findings, texts naming them mentions, and a PTX `.entry` line (PTX
+    text kept in data for `cuModuleLoadData`) is read as PTX: its kernel name is examined."""
+    stats = col.scan.stats
     covered, seen = -1, set()
     for off, n in spans:
         stats["data_bytes"] += store.retained(off, n)
@@ -271,6 +306,10 @@ def _scan_elf_tables(elf: ElfFile, store: SpanStore, col: _Collector, ctx: ScanC
                     continue
                 if len(seen) < 4 * ctx.limits.max_hits_per_member:
                     seen.add(text)
+                entry = _PTX_ENTRY.match(text)
+                if entry:
+                    col.add("ptx-entry", entry.group(1), what="PTX text")
+                    continue
                 kind, ops = ctx.rules.string_kind(text)
                 for op in ops:
                     if kind == "mention":
@@ -311,7 +350,7 @@ def _scan_ar(src: Pull, col: _Collector, ctx: ScanContext, label: str) -> None:
             raise MalformedBinaryError(f"{label}: ar member of {size} bytes, only {src.remaining} left")
         if name == b"//":
             if size > MAX_AR_NAMES:
-                raise MalformedBinaryError(f"{label}: ar name table of {size} bytes is over the limit")
+                raise HostileArchiveError(f"{label}: ar name table of {size} bytes is over the limit")
             long_names = src.take(size)
         elif name in (b"/", b"/SYM64/") or size < 4:
             src.skip(size)
@@ -320,38 +359,67 @@ def _scan_ar(src: Pull, col: _Collector, ctx: ScanContext, label: str) -> None:
                 off = int(name[1:])
                 name = long_names[off : long_names.find(b"\n", off)] if off < len(long_names) else name
             what = f"{label}({name.rstrip(b'/').decode('latin-1')[:256]})"
-            sub = Pull(SubReader(src, size), size, what, budget=ctx.budget)
-            sub.fill(4)
-            if sub.peek(4) == ELF_MAGIC:
-                _scan_host_elf(sub, col, ctx, sub.what)
-            else:
-                for _ in device_split(sub, col, _data_file_layers, strict=False):
-                    pass
+            reader = SubReader(src, size)
+            sub = Pull(reader, size, what, budget=ctx.budget)
+            try:
+                sub.fill(4)
+                if sub.peek(4) == ELF_MAGIC:
+                    _scan_host_elf(sub, col, ctx, sub.what)
+                else:
+                    for _ in device_split(sub, col, _data_file_layers, strict=False):
+                        pass
+            except UNPARSABLE as exc:  # one object that cannot be parsed: the others are still read
+                col.unreadable("member", unparsable_reason(exc))
+                reader.drain()
         if size % 2 and src.remaining:
             src.take(1)
 
 
 # -- text-like members: routed/info only ----------------------------------------------------
+def _line_around(data: bytes, pos: int, lo: int) -> tuple[int, int]:
+    """[start, end) of the text line around `pos`, at most LINE_CONTEXT bytes either side, cut
+    only between identifiers (a cut word is dropped, never read as a shorter name); each
+    search is bounded, so a hit costs O(LINE_CONTEXT) however long its line."""
+    start = max(data.rfind(b"\n", max(0, pos - LINE_CONTEXT), pos) + 1, pos - LINE_CONTEXT, 0)
+    if start and data[start - 1 : start] in _IDENT_BYTES:  # a cut word: start after it (the
+        start = _IDENT_END.match(data, start, max(start, pos - 1)).end()  # byte before the hit stays)
+    end = data.find(b"\n", pos, pos + LINE_CONTEXT)
+    if end < 0:  # cut inside the line: end before a word (the hit's own word is kept whole)
+        end = min(len(data), pos + LINE_CONTEXT)
+        word_end = _IDENT_END.match(data, pos, min(len(data), pos + LINE_CONTEXT + RUN_LIMIT)).end()
+        end = max(word_end, _word_start(data, end, word_end))
+    return start, end
+
+
+def _word_start(data: bytes, end: int, floor: int) -> int:
+    """`end` moved back to the start of the identifier it cuts (not before `floor`)."""
+    at = end
+    while at > floor and data[at - 1 : at] in _IDENT_BYTES:
+        at -= 1
+    return at if at < end and end < len(data) and data[end : end + 1] in _IDENT_BYTES else end
+
+
 def _scan_text(pieces, scan: MemberScan, ctx: ScanContext) -> None:
-    """Lines naming retired ops in (offset, bytes) `pieces` of a text member: routed/info."""
+    """Lines naming retired ops in (offset, bytes) `pieces` of a text member: routed/info.
+    Routed lines have their own caps (per member and per wheel), apart from the item budget
+    for hostile work: a legit package may name the ops in many tuning tables; lines past a cap
+    are counted only."""
     counts: dict[str, int] = {}
     snippets: dict[str, list[str]] = {}
     covered, lines = 0, 0
     limit = ctx.limits.max_text_lines
-    for base, data, lo, hi in context_windows(pieces, LINE_CONTEXT):
+    for base, data, lo, hi in context_windows(pieces, LINE_CONTEXT + RUN_LIMIT):
         if lines >= limit:  # enough evidence: drain the rest for the CRC check only
             continue
         find = ctx.rules.finder(data, lo, hi)
         pos = find.find(max(covered - base, lo))
         while pos >= 0:
-            ctx.budget.count(ctx.limits, scan.member)
             lines += 1
-            if lines > limit:
+            if lines > limit or not ctx.budget.routed_line():
+                lines = max(lines, limit)
                 scan.stats["routed_truncated"] += 1
                 break
-            start = max(data.rfind(b"\n", 0, pos) + 1, pos - LINE_CONTEXT)
-            end = data.find(b"\n", pos)
-            end = min(end if end >= 0 else len(data), pos + LINE_CONTEXT)
+            start, end = _line_around(data, pos, lo)
             line = data[start:end].decode("utf-8", "replace").strip()
             for op in ctx.rules.match(line):
                 counts[op] = counts.get(op, 0) + 1
@@ -377,15 +445,32 @@ def scan_member(
     kind = classify(name, src.peek(SNIFF))
     scan = MemberScan(name, kind, unpacked, compressed)
     col = _Collector(scan, ctx)
+    try:
+        _dispatch(kind, src, col, ctx, depth)
+    except UNPARSABLE as exc:
+        # the member's content cannot be parsed: listed with its reason (evidence already found
+        # is kept), the rest of the wheel is judged; bounds and the archive's own errors propagate
+        col.unreadable("member", unparsable_reason(exc))
+    return scan
+
+
+def _dispatch(kind: str, src: Pull, col: _Collector, ctx: ScanContext, depth: int) -> None:
+    scan, name, unpacked = col.scan, col.scan.member, src.size
     if kind == "elf":
         _scan_host_elf(src, col, ctx, name)
+    elif kind == "macho":  # no Mach-O reader: every byte is read as data (strings), and for device code
+        with SpanStore(src.size, ctx.limits.retained_in_memory, name, ctx.budget) as store:
+            for off, data in device_split(src, col, _data_file_layers, strict=False):
+                store.add(off, data)
+            _scan_data_strings(store, [(0, src.size)], col, ctx)
+        scan.stats["shipped_macho"] += 1
     elif kind == "ar":
         _scan_ar(src, col, ctx, name)
     elif kind in ("zip", "tar", "compressed"):  # an archive or .zst/.lz4 file: scan what it holds
         nested.scan_archive(kind, src, col, ctx, depth, scan_member)
     elif kind in ("cubin", "ptx"):
         if unpacked > ctx.limits.max_entry_unpacked:
-            raise MalformedBinaryError(f"{name}: {unpacked}-byte device file is over the limit")
+            raise HostileArchiveError(f"{name}: {unpacked}-byte device file is over the limit")
         windows = (data for _, data in src.pieces())
         device_code(col, kind, windows, unpacked, name, (f"shipped-{kind}",) * 2, unpacked)
         scan.stats[f"shipped_{kind}"] += 1
@@ -397,7 +482,6 @@ def scan_member(
             for _ in pieces:
                 pass
             scan.stats[f"shipped_{kind}"] += 1
-    return scan
 
 
 def _embedded_layers(kind: str) -> tuple[str, str]:

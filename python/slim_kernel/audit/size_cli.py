@@ -12,7 +12,14 @@ import shlex
 import sys
 from pathlib import Path
 
-from .cli import EXIT_FOUND, EXIT_MISSING, EXIT_UNREADABLE, add_common_arguments, context_from_args
+from .cli import (  # EXIT_INTERNAL: `slim-kernel` reports a crash as 4, never as 1 (over budget)
+    EXIT_FOUND,
+    EXIT_INTERNAL,  # noqa: F401
+    EXIT_MISSING,
+    EXIT_UNREADABLE,
+    add_common_arguments,
+    context_from_args,
+)
 from .findings import SCHEMA
 from .limits import AuditInputError, MissingDependencyError
 from .runner import scan_wheel

@@ -19,8 +19,9 @@ import shutil
 import tempfile
 from bisect import bisect_right
 
+from .inflate import ZEROS
 from .limits import Budget, MalformedBinaryError
-from .wheel import ZEROS, read_member
+from .wheel import read_member
 
 CHUNK = 8 << 20  # bytes pulled from a member stream at a time
 WINDOW = 1 << 20  # bytes handed to a scanner at a time
@@ -183,13 +184,22 @@ class SubReader(io.RawIOBase):
 
 
 class PrivateSpill:
-    """An unlinked file in a private temporary directory (both removed on close) for bytes that
-    do not fit in memory; every byte written counts against the wheel's spill budget."""
+    """An unlinked file for bytes that do not fit in memory, created in a private temporary
+    directory that is removed at once (POSIX: the open file needs no name), so nothing is left
+    on disk whatever way the process ends (an error, a signal, SIGKILL); where the file keeps
+    its name (Windows) the directory goes on close. Every byte written counts against the
+    wheel's spill budget."""
 
     def __init__(self, what: str, budget: Budget):
         self._what, self._budget = what, budget
         self._dir = tempfile.mkdtemp(prefix="slim-kernel-audit-")
-        self.file = tempfile.TemporaryFile(dir=self._dir)
+        try:
+            self.file = tempfile.TemporaryFile(dir=self._dir)
+        finally:
+            try:
+                os.rmdir(self._dir)  # empty: TemporaryFile is unlinked on POSIX
+            except OSError:
+                pass
 
     def write(self, data) -> int:
         self._budget.spill(len(data), self._what)

@@ -6,26 +6,21 @@ It refuses, with `AuditInputError` naming the member: not a zip, empty, too many
 declared sizes over the limits, members whose data overlap each other or the directory,
 path traversal / absolute names, symlink members, duplicate names, encrypted members, and a
 WHEEL that is not a regular file (a FIFO or a device is refused without blocking). Members are
-read as forward-only streams (`MemberStream`: stored, deflate, bzip2, LZMA), never extracted;
+read as forward-only streams (`inflate.MemberStream`: stored, deflate, bzip2, LZMA, zstd), never extracted;
 output stops at the declared size and the CRC-32 is checked at the end.
 """
 
 from __future__ import annotations
 
-import bz2
-import functools
-import io
-import lzma
 import os
 import stat
 import struct
 import zlib
 from typing import NamedTuple
 
+from .inflate import DEFLATED, CorruptMember, MemberStream
 from .limits import AuditInputError, HostileArchiveError, Limits
 
-STORED, DEFLATED, BZIP2, LZMA = 0, 8, 12, 14
-METHODS = {STORED: "stored", DEFLATED: "deflate", BZIP2: "bzip2", LZMA: "lzma"}
 _LOCAL = struct.Struct("<4sHHHHHIIIHH")  # local file header (30 bytes)
 _CENTRAL = struct.Struct("<4sHHHHHHIIIHHHHHII")  # central directory entry (46 bytes)
 _EOCD = struct.Struct("<4sHHHHIIH")  # end of central directory (22 bytes)
@@ -103,25 +98,41 @@ class WheelArchive:
         if at < 0 or len(tail) - at < _EOCD.size:
             raise self._not_zip("no end of central directory record")
         _, disk, _, _, _, cd_size, cd_offset, _ = _EOCD.unpack_from(tail, at)
-        eocd = tail_at + at
-        end = eocd
-        if cd_offset == 0xFFFFFFFF or cd_size == 0xFFFFFFFF or disk == 0xFFFF:
-            loc = tail.rfind(b"PK\x06\x07", 0, at)
-            if loc < 0 or at - loc != 20:
-                raise self._not_zip("zip64 locator missing")
-            (rec,) = struct.unpack_from("<Q", tail, loc + 8)
-            f.seek(rec)
-            head = f.read(_EOCD64.size)
-            if len(head) != _EOCD64.size or head[:4] != b"PK\x06\x06":
+        end = tail_at + at
+        markers = cd_offset == 0xFFFFFFFF or cd_size == 0xFFFFFFFF or disk == 0xFFFF
+        if at >= 20 and tail[at - 20 : at - 16] == b"PK\x06\x07":
+            # zipfile (so pip) follows a zip64 locator right before the record whatever the
+            # classic record says, and reads the zip64 record right before the locator
+            rec = end - 20 - _EOCD64.size
+            zip64 = self._zip64_directory(rec)
+            (pointer,) = struct.unpack_from("<Q", tail, at - 12)
+            other = self._zip64_directory(pointer) if pointer != rec else zip64
+            if other not in (None, zip64) or (not markers and zip64 not in (None, (cd_size, cd_offset))):
+                raise HostileArchiveError(
+                    f"{self.path}: the zip64 and classic end records name different central directories "
+                    "(readers would disagree on the members; refused)"
+                )
+            if zip64 is None:
                 raise self._not_zip("bad zip64 end of central directory")
-            cd_size, cd_offset = _EOCD64.unpack(head)[8:10]
-            end = rec
+            (cd_size, cd_offset), end = zip64, rec
+        elif markers:
+            raise self._not_zip("zip64 locator missing")
         if disk not in (0, 0xFFFF):
             raise AuditInputError(f"multi-disk zip archives are not supported: {self.path}")
         prefix = end - cd_size - cd_offset
         if prefix < 0:
             raise self._not_zip("central directory runs past its end record")
         return cd_offset + prefix, cd_size, prefix
+
+    def _zip64_directory(self, at: int) -> tuple[int, int] | None:
+        """(size, offset) of the central directory a zip64 end record at `at` names, or None."""
+        if at < 0:
+            return None
+        self.file.seek(at)
+        head = self.file.read(_EOCD64.size)
+        if len(head) != _EOCD64.size or head[:4] != b"PK\x06\x06":
+            return None
+        return tuple(_EOCD64.unpack(head)[8:10])
 
     def _entries(self):
         """Central directory entries, read a window at a time and counted as they come."""
@@ -197,7 +208,7 @@ class WheelArchive:
         return out
 
     def open(self, member: Member) -> MemberStream:
-        return member_stream(self.file, member)
+        return member_stream(self.file, member, self.limits)
 
     def close(self) -> None:
         if self._owned:
@@ -251,30 +262,6 @@ def open_regular(path: str):
     return os.fdopen(fd, "rb")  # O_NONBLOCK has no effect on regular files
 
 
-ZEROS = bytes(1 << 20)  # a shared block of zeros (never written: no memory of its own)
-_ZERO_VIEW = memoryview(ZEROS)
-HOLE_CHECK = 1 << 20  # reads of at least this many stored bytes ask the file system for holes
-_SEEK_DATA = getattr(os, "SEEK_DATA", None)
-
-
-def _hole(f, at: int, n: int) -> int:
-    """How many bytes from `at` (at most `n`) of the file `f` lie in a hole (a sparse file:
-    zeros no disk block holds, which reading would fill into the page cache); 0 where the file
-    system cannot tell. The file's offset is restored (`f` may be buffered)."""
-    if _SEEK_DATA is None or n < HOLE_CHECK:
-        return 0
-    try:
-        fd = f.fileno()
-        keep = os.lseek(fd, 0, os.SEEK_CUR)
-        try:
-            data = os.lseek(fd, at, _SEEK_DATA)
-        finally:
-            os.lseek(fd, keep, os.SEEK_SET)
-    except (OSError, ValueError, AttributeError, io.UnsupportedOperation):  # ENXIO at the end, no fd
-        return 0
-    return min(max(data - at, 0), n)
-
-
 def read_member(f, into: memoryview, name: str) -> int:
     """`f.readinto(into)` with corrupt data (bad CRC, truncated data) turned into `AuditInputError`."""
     try:
@@ -283,11 +270,7 @@ def read_member(f, into: memoryview, name: str) -> int:
         raise AuditInputError(f"member {name!r} is corrupt: {exc}") from None
 
 
-class CorruptMember(Exception):
-    pass
-
-
-def member_stream(f, member: Member) -> MemberStream:
+def member_stream(f, member: Member, limits: Limits | None = None) -> MemberStream:
     """Forward-only stream of a validated member of the archive open as `f` (seekable; the
     stream seeks before each read, so several may share it; closing the stream leaves `f` open)."""
     try:
@@ -299,168 +282,15 @@ def member_stream(f, member: Member) -> MemberStream:
         start = member.offset + _LOCAL.size + n + m
         if member.bound >= 0 and start + member.compressed > member.bound:
             raise HostileArchiveError(f"member {member.name!r} overlaps the next one (zip bomb?)")
-        return MemberStream(f, start, member)
+        return MemberStream(f, start, member, limits)
     except (CorruptMember, OSError, NotImplementedError) as exc:
         raise AuditInputError(f"cannot read member {member.name!r}: {exc}") from None
 
 
-@functools.cache
-def _fast_inflater():
-    """`isal.isal_zlib` when installed (optional speed-up), else None (looked up once)."""
-    try:
-        from isal import isal_zlib
-    except ImportError:
-        return None
-    return isal_zlib
-
-
-class _Decoder:
-    """One decompression API over zlib/isal (input left in `unconsumed_tail`) and bz2/lzma
-    (input kept inside): `step(data, n)` -> (at most n bytes out, input not yet taken)."""
-
-    def __init__(self, method: int, name: str, lib):
-        self.keeps_input = method in (BZIP2, LZMA)
-        if method == DEFLATED:  # lib: zlib or isal_zlib
-            self.errors = (lib.error,)
-            self._d = lib.decompressobj(-15)
-        elif method == BZIP2:
-            self._d, self.errors = bz2.BZ2Decompressor(), (OSError, ValueError, EOFError)
-        elif method == LZMA:
-            self._d, self.errors = None, (lzma.LZMAError, ValueError, EOFError)
-        else:
-            raise NotImplementedError(f"compression method {method} of {name!r} is not supported")
-
-    def start_lzma(self, head: bytes) -> bytes:
-        """A zip LZMA member starts with version (2), properties size (2) and LZMA1 properties."""
-        (psize,) = struct.unpack_from("<H", head, 2)
-        props = head[4 : 4 + psize]
-        if psize != 5 or len(props) != 5 or props[0] >= 9 * 5 * 5:
-            raise CorruptMember("bad LZMA properties")
-        d, dict_size = props[0], int.from_bytes(props[1:5], "little")
-        filt = {"id": lzma.FILTER_LZMA1, "lc": d % 9, "lp": d // 9 % 5, "pb": d // 45, "dict_size": dict_size}
-        self._d = lzma.LZMADecompressor(lzma.FORMAT_RAW, filters=[filt])
-        return head[4 + psize :]
-
-    @property
-    def eof(self) -> bool:
-        return self._d.eof
-
-    def wants_input(self) -> bool:
-        return self._d.needs_input if self.keeps_input else True
-
-    def step(self, data: bytes, n: int) -> tuple[bytes, bytes]:
-        try:
-            out = self._d.decompress(data, n)
-        except self.errors as exc:
-            raise CorruptMember(f"invalid compressed data ({exc})") from None
-        return (out, b"") if self.keeps_input else (out, self._d.unconsumed_tail)
-
-
-class MemberStream(io.RawIOBase):
-    """A member's data read forward from `f` (stored, deflate, bzip2 or LZMA). Deflate and the
-    CRC-32 use `isal.isal_zlib` (inflate about twice, CRC-32 about 20 times as fast as zlib)
-    when installed. Output is bounded by the
-    declared size (data that expands further is refused) and the CRC-32 is checked at the end."""
-
-    IN_CHUNK = 1 << 20
-
-    def __init__(self, f, start: int, member: Member):
-        self._name = member.name
-        self._f, self._at = f, start
-        stored = member.method == STORED
-        if stored and member.compressed != member.unpacked:
-            raise CorruptMember(f"stored member {member.name!r} has different packed and unpacked sizes")
-        lib = _fast_inflater() or zlib
-        self._d = None if stored else _Decoder(member.method, member.name, lib)
-        self._crc32 = lib.crc32
-        self._in_left, self._out_left = member.compressed, member.unpacked
-        self._crc_expected, self._crc = member.crc, 0
-        self._tail = b""
-        if member.method == LZMA:
-            self._tail = self._d.start_lzma(self._raw(min(64, self._in_left)))
-
-    def readable(self) -> bool:
-        return True
-
-    def _raw(self, n: int) -> bytes:
-        self._f.seek(self._at)
-        data = self._f.read(n)
-        if len(data) != n:
-            raise CorruptMember(f"member {self._name!r}: archive truncated")
-        self._at += n
-        self._in_left -= n
-        return data
-
-    def _corrupt(self, why: str) -> CorruptMember:
-        return CorruptMember(f"member {self._name!r}: {why}")
-
-    def readinto(self, b) -> int:
-        """Stored data goes straight from the archive into `b` (where the archive file has a
-        hole, a sparse file, zeros are written without reading it); decompressed data is
-        copied in piece by piece, never joined first."""
-        n = min(len(b), self._out_left)
-        hole = _hole(self._f, self._at, n) if self._d is None else 0
-        n = hole or n
-        with memoryview(b) as view, view[:n] as into:
-            if self._d is not None:
-                got = 0
-                while got < n:
-                    out = self._inflate(n - got)
-                    into[got : got + len(out)] = out
-                    got += len(out)
-            elif hole:
-                for at in range(0, n, len(ZEROS)):
-                    into[at : at + len(ZEROS)] = _ZERO_VIEW[: n - at]
-                self._at, self._in_left = self._at + n, self._in_left - n
-            else:
-                self._f.seek(self._at)
-                if self._f.readinto(into) != n:
-                    raise self._corrupt("archive truncated")
-                self._at, self._in_left = self._at + n, self._in_left - n
-            self._account(into)
-        return n
-
-    def read(self, n: int = -1) -> bytes:
-        if n is None or n < 0:
-            n = self._out_left
-        n = min(n, self._out_left)
-        if self._d is None:
-            return self._account(self._raw(n))
-        parts, got = [], 0
-        while got < n:
-            parts.append(self._inflate(n - got))
-            got += len(parts[-1])
-        return self._account(b"".join(parts))
-
-    def _inflate(self, n: int) -> bytes:
-        """One decompression step: 1 to `n` bytes of output."""
-        while True:
-            if not self._tail and self._d.wants_input() and self._in_left:
-                self._tail = self._raw(min(self.IN_CHUNK, self._in_left))
-            # with no input left the decompressor may still hold output (a long match)
-            out, self._tail = self._d.step(self._tail, n)
-            if out:
-                return out
-            if self._d.eof:
-                raise self._corrupt("compressed stream ends before the declared size")
-            if not self._tail and not self._in_left:
-                raise self._corrupt("compressed data ends before the declared size")
-
-    def _account(self, data):
-        self._crc = self._crc32(data, self._crc)
-        self._out_left -= len(data)
-        if self._out_left == 0:
-            self._finish()
-        return data
-
-    def _finish(self) -> None:
-        if self._d is not None and not self._d.eof:
-            rest = self._tail or (self._raw(min(self._in_left, 1 << 16)) if self._in_left else b"")
-            try:
-                more = self._d.step(rest, 1)[0]
-            except CorruptMember:
-                more = b""  # trailing garbage after the declared size: the CRC decides
-            if more:
-                raise self._corrupt("data expands past its declared size")
-        if self._crc != self._crc_expected:
-            raise self._corrupt("bad CRC-32")
+def verify_member(f, member: Member, budget) -> None:
+    """Read a member of the archive open as `f` to its end, so its size and CRC-32 are checked
+    (`AuditInputError` if they fail), in bounded memory."""
+    stream = member_stream(f, member, budget.limits)
+    buf = memoryview(bytearray(min(member.unpacked, 8 << 20) or 1))
+    while read_member(stream, buf, member.name):
+        budget.check_time()

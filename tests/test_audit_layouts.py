@@ -1,5 +1,5 @@
-"""Issue 27: each class of wheel from the red-team pass, built here with g++/nvcc where it needs
-them, audited in a subprocess under RLIMIT_AS: exit code, the ops found (or none), the phrase
+"""Each class of wheel layout (retired code where real projects put it, legit wheels, hostile
+ones), built here with g++/nvcc where it needs them, audited in a subprocess under RLIMIT_AS: exit code, the ops found (or none), the phrase
 of the refusal or mention, CPU time and peak RSS. CPU time, not wall time, is asserted (CI is
 a loaded 2-core machine); wall and CPU times measured by benchmark/bench_audit.py --crafted are
 in benchmark/results/audit/crafted.md."""
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 from audit_fixtures.bounded import audit_cmd, run_bounded
-from audit_fixtures.issue27 import CASES
+from audit_fixtures.layouts import CASES
 
 import slim_kernel
 
@@ -25,7 +25,7 @@ TOOLS = {"g++": shutil.which("g++"), "nvcc": __import__("audit_fixtures").NVCC}
 
 @pytest.fixture(scope="module")
 def work(tmp_path_factory):
-    return tmp_path_factory.mktemp("issue27")
+    return tmp_path_factory.mktemp("layouts")
 
 
 def audit(wheel: Path, env=ENV):
@@ -36,7 +36,7 @@ def audit(wheel: Path, env=ENV):
 
 
 @pytest.mark.parametrize("name", list(CASES))
-def test_issue27_case(name, work):
+def test_layout_case(name, work):
     build, needs, code, ops, phrase = CASES[name]
     missing = [t for t in needs if not TOOLS[t]]
     if missing:

@@ -1,5 +1,5 @@
-"""The wheels of issue 27, built at test time the way real projects build (g++, nvcc 13):
-retired code that used to slip through, legit wheels that used to be flagged or refused, and
+"""Wheels in the layouts real projects ship, built at test time the way they build (g++,
+nvcc 13): retired code that used to slip through, legit wheels that used to be flagged or refused, and
 small wheels that used to cost minutes or GiB.
 
 `CASES` maps a name to (builder, needs, exit code, ops found, phrase of the error or of a
@@ -9,7 +9,6 @@ compiles with ("g++", "nvcc"); a test skips the case without them.
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import struct
@@ -18,7 +17,18 @@ import tarfile
 import zipfile
 from pathlib import Path
 
-from . import GXX, NVCC, Unseekable, fatbin_of, host_lib, kernels_source, make_wheel, nvcc_fatbin, tiny_elf
+from . import (
+    GXX,
+    NVCC,
+    Unseekable,
+    fatbin_of,
+    host_lib,
+    kernels_source,
+    make_wheel,
+    nvcc_fatbin,
+    tiny_elf,
+    tiny_tar,
+)
 from .crafted import EHDR, MiB, deflated, elf_header, raw_zip, shdr, stored, wheel_with
 
 # kernels whose names carry no op: only the file name (-lineinfo) says where they come from
@@ -170,12 +180,7 @@ def fatbin_zst(d: Path) -> Path:
 def tar_lz4(d: Path) -> Path:
     import lz4.frame
 
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w") as tf:
-        info = tarfile.TarInfo("a.txt")
-        info.size = 6
-        tf.addfile(info, io.BytesIO(b"hello\n"))
-    return _one(d, "pkg/data/files.tar.lz4", lz4.frame.compress(buf.getvalue()))
+    return _one(d, "pkg/data/files.tar.lz4", lz4.frame.compress(tiny_tar("a.txt", b"hello\n")))
 
 
 # -- resource use: bounded -------------------------------------------------------------------
