@@ -13,15 +13,22 @@ import lzma
 import os
 import struct
 import zlib
-from typing import TYPE_CHECKING
+from typing import NamedTuple
 
 from .limits import HostileArchiveError, Limits, MissingDependencyError
 
-if TYPE_CHECKING:
-    from .wheel import Member
-
 STORED, DEFLATED, BZIP2, LZMA, ZSTD = 0, 8, 12, 14, 93  # 93: what Python 3.14's zipfile writes
 METHODS = {STORED: "stored", DEFLATED: "deflate", BZIP2: "bzip2", LZMA: "lzma", ZSTD: "zstd"}
+
+
+class Member(NamedTuple):  # a tuple: a wheel may have 100,000 of them
+    name: str
+    compressed: int
+    unpacked: int
+    offset: int = 0  # local header offset in the archive
+    crc: int = 0
+    method: int = DEFLATED
+    bound: int = -1  # where the next member (or the central directory) starts: data must end before
 
 
 ZEROS = bytes(1 << 20)  # a shared block of zeros (never written: no memory of its own)

@@ -16,9 +16,8 @@ import os
 import stat
 import struct
 import zlib
-from typing import NamedTuple
 
-from .inflate import DEFLATED, CorruptMember, MemberStream
+from .inflate import CorruptMember, Member, MemberStream
 from .limits import AuditInputError, HostileArchiveError, Limits
 
 _LOCAL = struct.Struct("<4sHHHHHIIIHH")  # local file header (30 bytes)
@@ -26,16 +25,6 @@ _CENTRAL = struct.Struct("<4sHHHHHHIIIHHHHHII")  # central directory entry (46 b
 _EOCD = struct.Struct("<4sHHHHIIH")  # end of central directory (22 bytes)
 _EOCD64 = struct.Struct("<4sQHHIIQQQQ")  # zip64 end of central directory (56 bytes)
 _CD_READ = 1 << 20
-
-
-class Member(NamedTuple):  # a tuple: a wheel may have 100,000 of them
-    name: str
-    compressed: int
-    unpacked: int
-    offset: int = 0  # local header offset in the archive
-    crc: int = 0
-    method: int = DEFLATED
-    bound: int = -1  # where the next member (or the central directory) starts: data must end before
 
 
 def check_name(name: str) -> None:
