@@ -120,8 +120,8 @@ def _picks(device) -> list[dict]:
                 spec = order[0]
                 row = {"op": op, "shape": shape, "m": m, "flashinfer": version, "pdl": pdl,
                        "pick": registry.pick_label(spec, dec),
-                       "source": dec.source if dec else "priority", "estimate": bool(dec and dec.estimated),
-                       "why": registry.why(spec, dec)}
+                       "source": registry.order_rule(op, device, dec), "estimate": bool(dec and dec.estimated),
+                       "why": registry.why(spec, dec, registry.unmeasured_arch(op, device))}
                 if row["estimate"] or dec is None:
                     row["tune"] = f"slim-kernel tune {Shape.from_key(op, shape).option()}"
                 rows.append(row)

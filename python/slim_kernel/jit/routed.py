@@ -16,7 +16,7 @@ import os
 
 from .. import knobs, routing
 from . import catalogue as cat
-from .arch import limits
+from .arch import Limits, limits
 from .spec import KernelInstance
 
 _RULES: dict[str, cat.Rules | None] = {}  # op -> rules set at run time or from the environment
@@ -43,15 +43,21 @@ def set_config(op: str, text_or_rules) -> None:
     knobs.bump()
 
 
-def config_for(op: str, m: int, variant: str | None, shape: tuple[int, int] | None = None) -> tuple[str, cat.GemmConfig]:
+def config_for(op: str, m: int, variant: str | None, shape: tuple[int, int] | None = None,
+               lim: Limits | None = None) -> tuple[str, cat.GemmConfig]:
     """(label, config) serving ``op`` at ``m`` and the call's (N, K): the rules in force, else ``variant``
-    where it serves there, else the fallback."""
+    where it serves there, else the fallback. With the device's limits ``lim`` (and ``shape``) only a
+    configuration that fits them (``catalogue.launch_reason``) is taken: the routed one, the fallback, else
+    the first in catalogue order that fits; the fallback where none does (the caller's check then declines)."""
     r = rules(op)
     if r is not None:
         return "rules", cat.rule_for(r, m)
-    cfg = cat.VARIANTS[op].get(variant or "")
-    if cfg is not None and cat.variant_serves(cfg, op, m, shape):
-        return variant, cfg
+    order = [variant or "", cat.FALLBACK_VARIANT] + (list(cat.VARIANTS[op]) if lim is not None else [])
+    for name in order:
+        cfg = cat.VARIANTS[op].get(name)
+        if cfg is not None and cat.variant_serves(cfg, op, m, shape) and (
+                lim is None or shape is None or cat.launch_reason(cfg, op, m, shape, lim) is None):
+            return name, cfg
     return cat.FALLBACK_VARIANT, cat.VARIANTS[op][cat.FALLBACK_VARIANT]
 
 
