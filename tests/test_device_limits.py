@@ -7,7 +7,13 @@ CPU only: devices are faked (capability, name, SM count, ``jit.arch`` limits); n
 from __future__ import annotations
 
 import dataclasses
+import json
+import os
+import subprocess
+import sys
+import textwrap
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
@@ -160,3 +166,51 @@ def test_a_kernel_the_driver_cannot_load_falls_back_with_one_warning(monkeypatch
     assert len(fell) == 1 and "'jit'" in fell[0] and "CUDA 12.8" in fell[0] and "nvrtc 13.0" in fell[0]
     with pytest.raises(registry.BackendUnavailableError, match="CUDA 12.8"):
         registry.select(ROUTER, CUDA0, args, backend="jit")
+
+
+_DRIVER_RUN = textwrap.dedent("""
+    import ctypes, json, re, sys
+    sys.path.insert(0, sys.argv[1])
+    from jit_fixtures import instances as fx
+    from slim_kernel import jit
+    from slim_kernel.jit import cache, runtime
+    runtime.arch_for_device = lambda index: "sm_90a"   # no torch.cuda here
+    fake = ctypes.CDLL("libcuda.so.1")
+    major = int(re.search(r"(\\d+)\\.", cache.get_entry(fx.axpby(), "sm_90a").header["compiler"])[1])
+    out = {"major": major}
+    def attempt(tag, bias, driver, error):
+        fake.fake_set_driver_version(driver)
+        fake.fake_set_load_error(error)
+        try:
+            jit.get_kernel(fx.axpby(bias=bias), 0, launcher="python")
+            out[tag] = "loaded"
+        except runtime.KernelLoadError as exc:
+            out[tag] = "KernelLoadError: " + str(exc)
+    attempt("older_major", 31, (major - 1) * 1000 + 80, 0)
+    attempt("refused_image", 32, major * 1000, 222)
+    attempt("no_binary", 33, major * 1000, 209)
+    attempt("same_major", 34, major * 1000, 0)
+    attempt("after_refusal", 32, major * 1000, 0)  # the driver updated: the same cached cubin loads
+    print(json.dumps(out))
+""")
+
+
+def test_a_cubin_of_a_newer_cuda_than_the_driver_is_refused_naming_both(fake_driver, tmp_path):
+    """A cubin compiled by CUDA N under a CUDA N-1 driver is refused before the load, naming both versions; a
+    load the driver answers CUDA_ERROR_UNSUPPORTED_PTX_VERSION / NO_BINARY_FOR_GPU is a KernelLoadError
+    (the JIT backend then declines: the next backend serves), never a crash; the same driver major loads."""
+    tests = Path(__file__).resolve().parent
+    env = {k: v for k, v in os.environ.items() if k != "SLIM_KERNEL_LAUNCHER"}
+    env.update(LD_LIBRARY_PATH=str(fake_driver), PYTHONPATH=str(tests.parent / "python"),
+               SLIM_KERNEL_CACHE_DIR=str(tmp_path / "cache"))
+    proc = subprocess.run([sys.executable, "-c", _DRIVER_RUN, str(tests)], capture_output=True, text=True, env=env,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    r = json.loads(proc.stdout.strip().splitlines()[-1])
+    major = r["major"]
+    assert r["older_major"].startswith("KernelLoadError") and f"CUDA {major}." in r["older_major"]
+    assert f"the driver supports CUDA {major - 1}.8" in r["older_major"]
+    assert "CUDA_ERROR_UNSUPPORTED_PTX_VERSION" in r["refused_image"] and f"CUDA {major}.0" in r["refused_image"]
+    assert "compiled by" in r["refused_image"]
+    assert "CUDA_ERROR_NO_BINARY_FOR_GPU" in r["no_binary"]
+    assert r["same_major"] == "loaded" and r["after_refusal"] == "loaded"
