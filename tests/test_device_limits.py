@@ -214,3 +214,13 @@ def test_a_cubin_of_a_newer_cuda_than_the_driver_is_refused_naming_both(fake_dri
     assert "compiled by" in r["refused_image"]
     assert "CUDA_ERROR_NO_BINARY_FOR_GPU" in r["no_binary"]
     assert r["same_major"] == "loaded" and r["after_refusal"] == "loaded"
+
+
+def test_info_says_the_makers_kernels_decide_on_an_unmeasured_arch(monkeypatch):
+    _fake(monkeypatch, "rtx-pro-6000")
+    rows = info._picks(CUDA0)
+    assert rows and {r["source"] for r in rows} == {"maker-first"}
+    assert all(not r["pick"].startswith("jit") and "nothing measured on sm_120" in r["why"] and
+               r["tune"].startswith("slim-kernel tune --") for r in rows)
+    _fake(monkeypatch, "h100-pcie")  # a negative control: sm_90 is measured
+    assert "maker-first" not in {r["source"] for r in info._picks(CUDA0)}
