@@ -191,6 +191,11 @@ _DRIVER_RUN = textwrap.dedent("""
     attempt("no_binary", 33, major * 1000, 209)
     attempt("same_major", 34, major * 1000, 0)
     attempt("after_refusal", 32, major * 1000, 0)  # the driver updated: the same cached cubin loads
+    k = jit.get_kernel(fx.axpby(bias=35), 0, launcher="python")
+    out["fits"] = k.launch_reason(256, 100 * 1024)
+    out["too_much_smem"] = k.launch_reason(256, 300 * 1024)
+    fake.fake_set_max_threads(384)  # a register-heavy function: fewer threads per block than the catalogue thought
+    out["too_many_threads"] = k.launch_reason(448, 0)
     print(json.dumps(out))
 """)
 
@@ -214,6 +219,10 @@ def test_a_cubin_of_a_newer_cuda_than_the_driver_is_refused_naming_both(fake_dri
     assert "compiled by" in r["refused_image"]
     assert "CUDA_ERROR_NO_BINARY_FOR_GPU" in r["no_binary"]
     assert r["same_major"] == "loaded" and r["after_refusal"] == "loaded"
+    # the driver asked before the first launch: what the function's registers and opt-in allow
+    assert r["fits"] is None
+    assert "cuFuncSetAttribute(8=307200)" in r["too_much_smem"] and "INVALID_VALUE" in r["too_much_smem"]
+    assert r["too_many_threads"] == "needs 448 threads per CTA, fixture_axpby allows 384 at its registers"
 
 
 def test_info_says_the_makers_kernels_decide_on_an_unmeasured_arch(monkeypatch):

@@ -150,10 +150,12 @@ CUresult cuFuncSetAttribute(void* fn, int attr, int value) {
   }
   return OK;
 }
+static int g_max_threads = 1024;  // MAX_THREADS_PER_BLOCK of every function (fewer: a register-heavy one)
+void fake_set_max_threads(int n) { g_max_threads = n; }
 CUresult cuFuncGetAttribute(int* value, int attr, void* fn) {
   FakeFunc* f = fn;
   if (current() != f->ctx) return INVALID_CONTEXT;
-  *value = attr == 8 ? g_smem_attr[f - g_funcs] : attr == 9 ? g_carveout_attr[f - g_funcs] : 0;
+  *value = attr == 0 ? g_max_threads : attr == 8 ? g_smem_attr[f - g_funcs] : attr == 9 ? g_carveout_attr[f - g_funcs] : 0;
   return OK;
 }
 CUresult cuLaunchKernelEx(const LaunchConfig* cfg, void* fn, void** params, void** extra) {

@@ -74,6 +74,9 @@ def _prepare(op: str, output: torch.Tensor, act: torch.Tensor, n: int, ldw: int,
     sms = lim.sms
     grid, block, cluster = cfg.geometry(n, k, sms)
     smem = cfg.smem(m, (n, k))
+    why = kernel.launch_reason(block[0] * block[1] * block[2], smem)
+    if why is not None:  # the driver's own answer disagrees with the catalogue's: the next backend serves
+        raise CallNotServed(f"JIT config {cfg} at M={m}, N={n}, K={k}: {why}")
     carveout = kernel.launch_carveout(carveout_percent(smem, grid[0] * grid[1] * grid[2], sms, lim.smem_per_sm,
                                                        knobs.smem_room(), cluster is not None))
     launch = kernel.launch

@@ -24,6 +24,9 @@ from .spec import KernelInstance
 
 LAUNCHERS = ("native", "python")
 CARVEOUT_ATTR = 9  # CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT
+MAX_THREADS_ATTR = 0  # CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK: what the function's registers leave
+MAX_DYNAMIC_SMEM_ATTR = 8  # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+DEFAULT_DYNAMIC_SMEM = 48 * 1024  # what a launch gets without opting in
 LAUNCH_CARVEOUT_DRIVER = 12060  # CU_LAUNCH_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT is in CUDA 12.6's cuda.h
 # what cuModuleLoadData answers for an image this driver cannot run (a newer toolkit's cubin, say)
 UNLOADABLE = ("CUDA_ERROR_UNSUPPORTED_PTX_VERSION", "CUDA_ERROR_NO_BINARY_FOR_GPU", "CUDA_ERROR_INVALID_IMAGE")
@@ -138,6 +141,20 @@ class LoadedKernel:
         if launch_carveout_supported(self.launcher):
             return percent
         self.prefer_carveout(percent)
+        return None
+
+    def launch_reason(self, threads: int, smem: int) -> str | None:
+        """Why a launch of ``threads`` per CTA with ``smem`` bytes of dynamic shared memory would fail, asked of
+        the driver before the first one (the function's threads per block at its real register count, the
+        shared memory it may opt into: the opt-in is made here, as the first launch would), or None."""
+        try:
+            most = self.impl.attribute(MAX_THREADS_ATTR)
+            if threads > most:
+                return f"needs {threads} threads per CTA, {self.instance.entry} allows {most} at its registers"
+            if smem > DEFAULT_DYNAMIC_SMEM:
+                self.impl.set_attribute(MAX_DYNAMIC_SMEM_ATTR, smem)
+        except RuntimeError as exc:
+            return str(exc)
         return None
 
     def prefer_carveout(self, percent: int) -> None:
