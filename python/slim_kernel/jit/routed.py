@@ -12,6 +12,7 @@ JIT can serve any of them (a pinned ``backend="jit"``, flashinfer missing) witho
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 from .. import knobs, routing
@@ -112,14 +113,15 @@ def cache_coverage(arch: str, shapes) -> dict:
 
 def routed_instances(arch: str, shapes) -> list[tuple[str, KernelInstance]]:
     """``(op, instance)`` for every instance the JIT backend can launch on ``arch`` for ``shapes``
-    (``models.Shape``s) at M = 1..MAX_M, in both launch contexts."""
+    (``models.Shape``s) at M = 1..MAX_M, in both launch contexts: the configurations that fit the arch's limits."""
     device = target_device(arch)
+    lim = dataclasses.replace(limits(arch), sms=device.sms)
     out: list[tuple[str, KernelInstance]] = []
     for shape in shapes:
         for m in range(1, cat.MAX_M + 1):
             for pdl in (True, False):
                 _, cfg = config_for(shape.op, m, routed_variant(shape.op, shape.key(), m, device, pdl),
-                                    (shape.n, shape.k))
+                                    (shape.n, shape.k), lim)
                 pair = (shape.op, cfg.instance(shape.op, m, shape.out, (shape.n, shape.k)))
                 if pair not in out:
                     out.append(pair)
