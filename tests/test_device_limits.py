@@ -68,11 +68,11 @@ def test_every_model_pick_fits_the_device(monkeypatch, key):
         for m in MS:
             nk = (shape.n, shape.k)
             label, cfg = config_for(shape.op, m, _jit_variant(shape.op, shape, m, dev), nk, lim)
-            if cat.launch_reason(cfg, shape.op, m, nk, lim) is None:
+            if routed.launch_reason(cfg, shape.op, m, nk, lim) is None:
                 assert cfg.smem(m, nk) <= lim.smem_per_block
                 continue
             # nothing fits here: every configuration serving this call is refused, and the JIT backend declines
-            assert all(cat.launch_reason(c, shape.op, m, nk, lim) for c in cat.VARIANTS[shape.op].values()
+            assert all(routed.launch_reason(c, shape.op, m, nk, lim) for c in cat.VARIANTS[shape.op].values()
                        if cat.variant_serves(c, shape.op, m, nk)), (key, shape, m, label)
             call = _router_call(m, shape.n, shape.k) if shape.op == ROUTER else _fused_a_call(m, shape.n, shape.k)
             prepare = jb.prepare_router if shape.op == ROUTER else jb.prepare_fused_a
@@ -84,21 +84,21 @@ def test_the_sm90_sized_fallback_does_not_fit_99_kib_and_is_never_picked(monkeyp
     """fused-A's skinny fallback asks 128 KiB at M 9-16: on a 99 KiB device another configuration serves."""
     _, lim = _fake(monkeypatch, "rtx-pro-6000")
     skinny, nk = cat.VARIANTS[FUSED_A]["skinny"], (2112, 7168)
-    assert "shared memory" in cat.launch_reason(skinny, FUSED_A, 16, nk, lim)
-    assert cat.launch_reason(skinny, FUSED_A, 16, nk, limits("sm_90")) is None  # a negative control: it fits an H100
+    assert "shared memory" in routed.launch_reason(skinny, FUSED_A, 16, nk, lim)
+    assert routed.launch_reason(skinny, FUSED_A, 16, nk, limits("sm_90")) is None  # a negative control: it fits an H100
     label, cfg = config_for(FUSED_A, 16, "skinny", nk, lim)
-    assert label != "skinny" and cat.launch_reason(cfg, FUSED_A, 16, nk, lim) is None
+    assert label != "skinny" and routed.launch_reason(cfg, FUSED_A, 16, nk, lim) is None
     assert config_for(FUSED_A, 16, "skinny", nk)[0] == "skinny"  # without the device's limits: unchanged
 
 
 def test_non_portable_clusters_only_where_granted(monkeypatch):
     """direct_s16 launches clusters of 16 CTAs: Hopper grants them, sm_120 (portable 8) does not."""
     direct16, nk = cat.VARIANTS[ROUTER]["direct_s16"], (256, 7168)
-    assert cat.launch_reason(direct16, ROUTER, 12, nk, dataclasses.replace(limits("sm_90"), sms=78)) is None
+    assert routed.launch_reason(direct16, ROUTER, 12, nk, dataclasses.replace(limits("sm_90"), sms=78)) is None
     _, lim = _fake(monkeypatch, "rtx-pro-6000")
-    assert "clusters of 16" in cat.launch_reason(direct16, ROUTER, 12, nk, lim)
+    assert "clusters of 16" in routed.launch_reason(direct16, ROUTER, 12, nk, lim)
     label, cfg = config_for(ROUTER, 12, "direct_s16", nk, lim)
-    assert label != "direct_s16" and cat.launch_reason(cfg, ROUTER, 12, nk, lim) is None
+    assert label != "direct_s16" and routed.launch_reason(cfg, ROUTER, 12, nk, lim) is None
 
 
 def _router_call(m=16, e=256, k=7168):

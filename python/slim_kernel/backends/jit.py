@@ -22,7 +22,7 @@ from ..backend import Backend
 from ..errors import CallNotServed
 from ..jit import catalogue as cat
 from ..jit.arch import limits
-from ..jit.routed import config_for, env_var, rules, set_config  # noqa: F401  (the backend's config API)
+from ..jit.routed import config_for, env_var, launch_reason, rules, set_config  # noqa: F401  (the backend's config API)
 from ..names import FUSED_A, ROUTER
 from ..pdl import launch_pdl
 
@@ -59,7 +59,7 @@ def _prepare(op: str, output: torch.Tensor, act: torch.Tensor, n: int, ldw: int,
     dev = devices.index(act.device)  # the tensors' device: kernel, SM count, stream (slim_kernel/devices.py)
     lim = _limits(dev)
     _, cfg = config_for(op, m, variant, (n, k), lim)  # one that fits the device
-    why = cat.launch_reason(cfg, op, m, (n, k), lim)
+    why = launch_reason(cfg, op, m, (n, k), lim)
     if why is not None:  # rules sized for another device, or nothing fits: the next backend serves
         raise CallNotServed(f"JIT config {cfg} at M={m}, N={n}, K={k} {why}")
     out_dtype = str(output.dtype).removeprefix("torch.")
@@ -216,7 +216,7 @@ class JitBackend(Backend):
         alike = cat.first_alike(op, point.m, point.shape.out, nk, lim.sms)
         out: dict = {}
         for name, first in alike.items():
-            if cat.launch_reason(cat.VARIANTS[op][name], op, point.m, nk, lim) is not None:
+            if launch_reason(cat.VARIANTS[op][name], op, point.m, nk, lim) is not None:
                 continue  # cannot launch on this device: never timed, never picked
             out[f"jit:{name}"] = target(args, name, pdl) if first == name else out[f"jit:{first}"]
         return out

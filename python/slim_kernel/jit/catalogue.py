@@ -27,7 +27,7 @@ from dataclasses import dataclass, fields
 
 from .. import models
 from ..names import FUSED_A, ROUTER
-from .arch import Limits, limits
+from .arch import limits
 from .spec import KernelInstance
 
 MAX_M = models.MAX_M  # the JIT window: skinny takes up to 8 token tiles of 8
@@ -454,24 +454,6 @@ def variant_serves(cfg: GemmConfig, op: str, m: int, shape: tuple[int, int] | No
     """Whether ``cfg`` can launch for ``op`` at ``m`` and the call's (N, K) (None: the tuned shape)
     within the device's shared memory."""
     return op in cfg.ops and m <= cfg.max_m(shape) and cfg.smem(m, shape) <= MAX_SMEM
-
-
-def launch_reason(cfg: GemmConfig, op: str, m: int, shape: tuple[int, int], lim: Limits) -> str | None:
-    """Why ``cfg`` cannot launch for ``op`` at ``m`` and (N, K) on a device of limits ``lim`` (its ``sms``
-    SMs, shared memory per CTA, threads and registers per block, cluster size), or None: it fits."""
-    grid, block, cluster = cfg.geometry(*shape, lim.sms or 1)
-    smem, threads = cfg.smem(m, shape), block[0] * block[1] * block[2]
-    registers = getattr(cfg, "registers", None)
-    regs = registers(m, shape) if registers else 0
-    size = cluster[0] * cluster[1] * cluster[2] if cluster else 1
-    if smem > lim.smem_per_block:
-        return f"needs {smem} bytes of shared memory per CTA, the device allows {lim.smem_per_block}"
-    if threads > lim.threads_per_block or regs * threads > lim.regs_per_block:
-        return f"needs {threads} threads x {regs} registers per CTA, the device allows {lim.threads_per_block} " \
-               f"threads and {lim.regs_per_block} registers"
-    if size > min(lim.max_cluster, lim.sms or size):
-        return f"needs clusters of {size} CTAs, the device allows {min(lim.max_cluster, lim.sms or size)}"
-    return None
 
 
 def first_alike(op: str, m: int, out_dtype: str, shape: tuple[int, int], sm_count: int) -> dict[str, str]:

@@ -44,6 +44,24 @@ def set_config(op: str, text_or_rules) -> None:
     knobs.bump()
 
 
+def launch_reason(cfg: cat.GemmConfig, op: str, m: int, shape: tuple[int, int], lim: Limits) -> str | None:
+    """Why ``cfg`` cannot launch for ``op`` at ``m`` and (N, K) on a device of limits ``lim`` (its ``sms``
+    SMs, shared memory per CTA, threads and registers per block, cluster size), or None: it fits."""
+    grid, block, cluster = cfg.geometry(*shape, lim.sms or 1)
+    smem, threads = cfg.smem(m, shape), block[0] * block[1] * block[2]
+    registers = getattr(cfg, "registers", None)
+    regs = registers(m, shape) if registers else 0
+    size = cluster[0] * cluster[1] * cluster[2] if cluster else 1
+    if smem > lim.smem_per_block:
+        return f"needs {smem} bytes of shared memory per CTA, the device allows {lim.smem_per_block}"
+    if threads > lim.threads_per_block or regs * threads > lim.regs_per_block:
+        return f"needs {threads} threads x {regs} registers per CTA, the device allows {lim.threads_per_block} " \
+               f"threads and {lim.regs_per_block} registers"
+    if size > min(lim.max_cluster, lim.sms or size):
+        return f"needs clusters of {size} CTAs, the device allows {min(lim.max_cluster, lim.sms or size)}"
+    return None
+
+
 def config_for(op: str, m: int, variant: str | None, shape: tuple[int, int] | None = None,
                lim: Limits | None = None) -> tuple[str, cat.GemmConfig]:
     """(label, config) serving ``op`` at ``m`` and the call's (N, K): the rules in force, else ``variant``
@@ -57,7 +75,7 @@ def config_for(op: str, m: int, variant: str | None, shape: tuple[int, int] | No
     for name in order:
         cfg = cat.VARIANTS[op].get(name)
         if cfg is not None and cat.variant_serves(cfg, op, m, shape) and (
-                lim is None or shape is None or cat.launch_reason(cfg, op, m, shape, lim) is None):
+                lim is None or shape is None or launch_reason(cfg, op, m, shape, lim) is None):
             return name, cfg
     return cat.FALLBACK_VARIANT, cat.VARIANTS[op][cat.FALLBACK_VARIANT]
 
