@@ -22,6 +22,7 @@ import slim_kernel.ops  # noqa: F401  (registers the ops' backends)
 from slim_kernel import cli, devices, knobs, models, registry
 from slim_kernel.backends import jit as jb
 from slim_kernel.jit import cache, compiler, routed
+from slim_kernel.jit.arch import limits
 from slim_kernel.jit.catalogue import all_instances
 from slim_kernel.names import FUSED_A, ROUTER
 
@@ -86,6 +87,7 @@ def test_the_jit_backend_declines_only_when_asked_to(monkeypatch, mode, error):
 
     monkeypatch.setattr("slim_kernel.jit.get_kernel", miss)
     monkeypatch.setattr(jb.devices, "index", lambda device: 0)  # CPU stand-ins for a call on cuda:0
+    monkeypatch.setitem(jb._LIMITS, 0, limits("sm_90"))  # ... an H100's limits
     with pytest.raises(error, match="dsv3_router_gemm_kernel.* is not in the cache"):
         jb.prepare_router(_router_call(), "narrow_r2kc", True)
 

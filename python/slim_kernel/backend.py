@@ -46,6 +46,9 @@ class Backend:
     """What every backend answers; the defaults fit a backend with no variants and an unknown grid."""
 
     name = ""
+    # True: its kernels are tuned on the archs the routing tables measured; on an arch nothing measured, the
+    # backends whose kernels are made for it go first, and this one serves when pinned or after `slim-kernel tune`
+    measured_only = False
 
     def version(self) -> str | None:
         """The installed version of the library this backend runs (None: none, or not installed)."""

@@ -120,8 +120,8 @@ def _picks(device) -> list[dict]:
                 spec = order[0]
                 row = {"op": op, "shape": shape, "m": m, "flashinfer": version, "pdl": pdl,
                        "pick": registry.pick_label(spec, dec),
-                       "source": dec.source if dec else "priority", "estimate": bool(dec and dec.estimated),
-                       "why": registry.why(spec, dec)}
+                       "source": registry.order_rule(op, device, dec), "estimate": bool(dec and dec.estimated),
+                       "why": registry.why(spec, dec, registry.unmeasured_arch(op, device))}
                 if row["estimate"] or dec is None:
                     row["tune"] = f"slim-kernel tune {Shape.from_key(op, shape).option()}"
                 rows.append(row)
@@ -312,7 +312,9 @@ def run(args) -> int:
             print(f"    {op} {', '.join(f'{k}={v}' for k, v in json.loads(shape).items())}  [{context}]  "
                   f"source: {', '.join(sources)}")
             hint = next((r["tune"] for r in rows if "tune" in r), None)
-            if hint:
+            if hint and any(r["source"] == "maker-first" for r in rows):
+                print(f"      nothing measured on this arch: the kernels made for it serve, ours after `{hint}`")
+            elif hint:
                 print(f"      estimated, not measured on this device: `{hint}` measures it")
             for line in _ranges(sorted(rows, key=lambda r: r["m"])):
                 print(f"      {line}")

@@ -9,7 +9,10 @@ calls it accepts (``check``: shape, dtype, layout). Selection is deterministic:
    (``routing.py``: the device's tuned table, the shipped table of its arch, an estimate for
    shapes neither measured; ops register their shape key with :func:`register_op`), the JIT
    backend with the configuration fastest there;
-3. where no table says anything, the first eligible spec in the op's priority order.
+3. where no table says anything, the first eligible spec in the op's priority order; on an arch
+   nothing measured (no shipped or tuned table: sm_100, sm_120 today) a backend whose kernels are
+   made for every arch (``Backend.measured_only`` False: flashinfer, torch) before one tuned on the
+   measured archs (the JIT), which then serves only when pinned or after ``slim-kernel tune``.
 
 A spec whose implementation fails to load (no flashinfer, no CUDA compiler, a broken install)
 is skipped with one warning, unless pinned. A spec's ``target`` is either the implementation
@@ -212,9 +215,25 @@ def _bind(spec: KernelSpec, fn: Callable, args: Sequence, dec: routing.Decision 
     return fn(args, best[0] if best else None, pdl)
 
 
-def _ranked(specs: list[KernelSpec], dec: routing.Decision | None) -> list[KernelSpec]:
+def unmeasured_arch(op: str, device: torch.device) -> str | None:
+    """The device's arch where nothing measured routed op ``op`` on it (no shipped table of the arch; a
+    tuned table gives a decision before this is asked), else None."""
+    if op not in _SHAPE_KEYS or device.type != "cuda":
+        return None
+    name = arch(device)
+    return None if routing.tables(name) else name
+
+
+def order_rule(op: str, device: torch.device, dec: routing.Decision | None) -> str:
+    """Which rule ordered the backends: the decision's source, ``maker-first`` or ``priority``."""
+    if dec is not None:
+        return dec.source
+    return "maker-first" if unmeasured_arch(op, device) else "priority"
+
+
+def _ranked(specs: list[KernelSpec], dec: routing.Decision | None, maker_first: bool = False) -> list[KernelSpec]:
     if dec is None:
-        return specs
+        return sorted(specs, key=lambda s: backend.get(s.backend.value).measured_only) if maker_first else specs
     def key(item):
         i, spec = item
         best = dec.point.best(spec.backend.value)
@@ -237,7 +256,7 @@ def ranked(op: str, device: torch.device, args: Sequence,
         else:
             reasons.append(f"{spec.backend.value}: {reason}")
     dec = decision(op, device, args, pdl) if eligible else None
-    return _ranked(eligible, dec), reasons, dec
+    return _ranked(eligible, dec, dec is None and unmeasured_arch(op, device) is not None), reasons, dec
 
 
 def pick_label(spec: KernelSpec, dec: routing.Decision | None) -> str:
@@ -246,10 +265,14 @@ def pick_label(spec: KernelSpec, dec: routing.Decision | None) -> str:
     return f"{spec.backend.value}:{best[0]}" if best and best[0] else spec.backend.value
 
 
-def why(spec: KernelSpec, dec: routing.Decision | None) -> str:
+def why(spec: KernelSpec, dec: routing.Decision | None, unmeasured: str | None = None) -> str:
+    """Why ``spec`` serves; ``unmeasured``: the device's arch where nothing measured the op (:func:`unmeasured_arch`)."""
     if dec is not None and dec.point.best(spec.backend.value):
         what = "estimated" if dec.estimated else "measured"
         return f"{what} fastest of the eligible backends: {dec.why(spec.backend.value)}"
+    if dec is None and unmeasured:
+        return (f"nothing measured on {unmeasured}: the first eligible backend with kernels made for it (ours run "
+                f"there when pinned or after `slim-kernel tune` measures them fastest)")
     return "first eligible in priority order"
 
 
@@ -275,7 +298,7 @@ def select(op: str, device: torch.device, args: Sequence, backend=None, pdl: boo
         fn, reason = _load(spec)
         if fn is not None:
             try:
-                return Selection(spec, _bind(spec, fn, args, dec, pdl), why(spec, dec))
+                return Selection(spec, _bind(spec, fn, args, dec, pdl), why(spec, dec, unmeasured_arch(op, device)))
             except CallNotServed as exc:
                 reason = str(exc)
         warnings.warn(f"slim_kernel: {op} backend {spec.backend.value!r} {reason}; falling back",

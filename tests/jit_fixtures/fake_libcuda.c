@@ -38,7 +38,7 @@ typedef struct {
 } LaunchConfig;
 
 enum { CAPTURE_UNSUPPORTED = 900, OK = 0, INVALID_VALUE = 1, NOT_INITIALIZED = 3, INVALID_DEVICE = 101, INVALID_IMAGE = 200,
-       INVALID_CONTEXT = 201, NOT_FOUND = 500 };
+       INVALID_CONTEXT = 201, NO_BINARY_FOR_GPU = 209, UNSUPPORTED_PTX_VERSION = 222, NOT_FOUND = 500 };
 
 static int g_initialized;
 static __thread CUcontext t_stack[16];
@@ -79,6 +79,8 @@ CUresult cuGetErrorName(CUresult r, const char** s) {
     case INVALID_IMAGE: *s = "CUDA_ERROR_INVALID_IMAGE"; return OK;
     case INVALID_CONTEXT: *s = "CUDA_ERROR_INVALID_CONTEXT"; return OK;
     case CAPTURE_UNSUPPORTED: *s = "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED"; return OK;
+    case NO_BINARY_FOR_GPU: *s = "CUDA_ERROR_NO_BINARY_FOR_GPU"; return OK;
+    case UNSUPPORTED_PTX_VERSION: *s = "CUDA_ERROR_UNSUPPORTED_PTX_VERSION"; return OK;
     default: *s = NULL; return INVALID_VALUE;
   }
 }
@@ -115,9 +117,12 @@ CUresult cuThreadExchangeStreamCaptureMode(int* mode) {
   *mode = previous;
   return OK;
 }
+static int g_load_error;  // what the next module loads return (a newer toolkit's cubin on an older driver)
+void fake_set_load_error(int code) { g_load_error = code; }
 CUresult cuModuleLoadData(void** mod, const void* image) {
   if (!current()) return INVALID_CONTEXT;
   if (unsafe_now()) return CAPTURE_UNSUPPORTED;
+  if (g_load_error) return g_load_error;
   if (memcmp(image, "\x7f" "ELF", 4) != 0) return INVALID_IMAGE;
   *mod = current();  // the "module" remembers its context
   return OK;
@@ -145,10 +150,12 @@ CUresult cuFuncSetAttribute(void* fn, int attr, int value) {
   }
   return OK;
 }
+static int g_max_threads = 1024;  // MAX_THREADS_PER_BLOCK of every function (fewer: a register-heavy one)
+void fake_set_max_threads(int n) { g_max_threads = n; }
 CUresult cuFuncGetAttribute(int* value, int attr, void* fn) {
   FakeFunc* f = fn;
   if (current() != f->ctx) return INVALID_CONTEXT;
-  *value = attr == 8 ? g_smem_attr[f - g_funcs] : attr == 9 ? g_carveout_attr[f - g_funcs] : 0;
+  *value = attr == 0 ? g_max_threads : attr == 8 ? g_smem_attr[f - g_funcs] : attr == 9 ? g_carveout_attr[f - g_funcs] : 0;
   return OK;
 }
 CUresult cuLaunchKernelEx(const LaunchConfig* cfg, void* fn, void** params, void** extra) {

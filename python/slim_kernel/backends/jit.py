@@ -22,7 +22,7 @@ from ..backend import Backend
 from ..errors import CallNotServed
 from ..jit import catalogue as cat
 from ..jit.arch import limits
-from ..jit.routed import config_for, env_var, rules, set_config  # noqa: F401  (the backend's config API)
+from ..jit.routed import config_for, env_var, launch_reason, rules, set_config  # noqa: F401  (the backend's config API)
 from ..names import FUSED_A, ROUTER
 from ..pdl import launch_pdl
 
@@ -53,11 +53,15 @@ def _prepare(op: str, output: torch.Tensor, act: torch.Tensor, n: int, ldw: int,
     context (``pdl``: with PDL or not; None: as slim_kernel.pdl decides now)."""
     from ..jit import get_kernel
     from ..jit.cache import CacheMissError
-    from ..jit.runtime import carveout_percent
+    from ..jit.runtime import KernelLoadError, carveout_percent
 
     m, k = act.shape
     dev = devices.index(act.device)  # the tensors' device: kernel, SM count, stream (slim_kernel/devices.py)
-    _, cfg = config_for(op, m, variant, (n, k))
+    lim = _limits(dev)
+    _, cfg = config_for(op, m, variant, (n, k), lim)  # one that fits the device
+    why = launch_reason(cfg, op, m, (n, k), lim)
+    if why is not None:  # rules sized for another device, or nothing fits: the next backend serves
+        raise CallNotServed(f"JIT config {cfg} at M={m}, N={n}, K={k} {why}")
     out_dtype = str(output.dtype).removeprefix("torch.")
     try:
         kernel = get_kernel(cfg.instance(op, m, out_dtype, (n, k)), dev)
@@ -65,13 +69,14 @@ def _prepare(op: str, output: torch.Tensor, act: torch.Tensor, n: int, ldw: int,
         if knobs.jit_mode() != "cache-or-fallback":
             raise
         raise CallNotServed(f"cannot serve this call without compiling: {exc}") from None
-    lim = _limits(dev)
+    except KernelLoadError as exc:  # a cubin this driver cannot run: the next backend serves
+        raise CallNotServed(str(exc)) from None
     sms = lim.sms
     grid, block, cluster = cfg.geometry(n, k, sms)
     smem = cfg.smem(m, (n, k))
-    if smem > lim.smem_per_block:  # a configuration sized for another arch: the next backend serves
-        raise CallNotServed(f"JIT config {cfg} needs {smem} bytes of shared memory at M={m}, the device "
-                            f"allows {lim.smem_per_block} per CTA")
+    why = kernel.launch_reason(block[0] * block[1] * block[2], smem)
+    if why is not None:  # the driver's own answer disagrees with the catalogue's: the next backend serves
+        raise CallNotServed(f"JIT config {cfg} at M={m}, N={n}, K={k}: {why}")
     carveout = kernel.launch_carveout(carveout_percent(smem, grid[0] * grid[1] * grid[2], sms, lim.smem_per_sm,
                                                        knobs.smem_room(), cluster is not None))
     launch = kernel.launch
@@ -168,6 +173,7 @@ class JitBackend(Backend):
     """Our kernels: one table candidate per configuration of ``jit/catalogue.py`` (``jit:<variant>``)."""
 
     name = "jit"
+    measured_only = True  # configurations sized on sm_90: elsewhere only pinned or after `slim-kernel tune`
 
     def probe(self) -> str | None:
         return probe()
@@ -205,10 +211,13 @@ class JitBackend(Backend):
     def tune_candidates(self, op, target, args, pdl, prepare, point) -> dict:
         """One fn per distinct kernel (``catalogue.first_alike``): configurations that launch the same
         kernel at this call share it, so tune checks and times it once."""
-        sms = _limits(devices.index(point.device)).sms
-        alike = cat.first_alike(op, point.m, point.shape.out, (point.shape.n, point.shape.k), sms)
+        lim = _limits(devices.index(point.device))
+        nk = (point.shape.n, point.shape.k)
+        alike = cat.first_alike(op, point.m, point.shape.out, nk, lim.sms)
         out: dict = {}
         for name, first in alike.items():
+            if launch_reason(cat.VARIANTS[op][name], op, point.m, nk, lim) is not None:
+                continue  # cannot launch on this device: never timed, never picked
             out[f"jit:{name}"] = target(args, name, pdl) if first == name else out[f"jit:{first}"]
         return out
 

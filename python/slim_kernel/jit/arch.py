@@ -57,13 +57,16 @@ class Limits:
     threads_per_sm: int = 2048
     smem_reserved_per_cta: int = 1024  # what the driver keeps of an SM's shared memory for each resident CTA
     sms: int | None = None  # the SM count of the architecture's reference part (routing without a GPU)
+    regs_per_block: int = 65536
+    threads_per_block: int = 1024
+    max_cluster: int = 8  # CTAs per cluster: 8 is portable; 16 needs the non-portable attribute, where granted
 
 
 # per SM version (sm_version); an architecture not listed gets the most restrictive limits listed
 LIMITS = {
-    90: Limits(228 * 1024, 227 * 1024, sms=132),  # H100 SXM / H200
-    100: Limits(228 * 1024, 227 * 1024, sms=148),  # B200
-    120: Limits(100 * 1024, 99 * 1024, threads_per_sm=1536),  # RTX PRO 6000 / RTX 50xx
+    90: Limits(228 * 1024, 227 * 1024, sms=132, max_cluster=16),  # H100 SXM / H200
+    100: Limits(228 * 1024, 227 * 1024, sms=148, max_cluster=16),  # B200
+    120: Limits(100 * 1024, 99 * 1024, threads_per_sm=1536),  # RTX PRO 6000 / RTX 50xx: portable clusters only
 }
 
 
@@ -72,7 +75,7 @@ def limits(arch: str) -> Limits:
     version = sm_version(arch)
     if version in LIMITS:
         return LIMITS[version]
-    return min(LIMITS.values(), key=lambda lim: (lim.smem_per_block, lim.threads_per_sm))
+    return min(LIMITS.values(), key=lambda lim: (lim.smem_per_block, lim.threads_per_sm, lim.max_cluster))
 
 
 def device_limits(index: int) -> Limits:
@@ -85,4 +88,6 @@ def device_limits(index: int) -> Limits:
                   smem_per_block=getattr(props, "shared_memory_per_block_optin", 0) or base.smem_per_block,
                   regs_per_sm=getattr(props, "regs_per_multiprocessor", 0) or base.regs_per_sm,
                   threads_per_sm=getattr(props, "max_threads_per_multi_processor", 0) or base.threads_per_sm,
-                  smem_reserved_per_cta=base.smem_reserved_per_cta, sms=props.multi_processor_count)
+                  smem_reserved_per_cta=base.smem_reserved_per_cta, sms=props.multi_processor_count,
+                  regs_per_block=base.regs_per_block, threads_per_block=base.threads_per_block,
+                  max_cluster=base.max_cluster)

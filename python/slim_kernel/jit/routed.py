@@ -12,11 +12,12 @@ JIT can serve any of them (a pinned ``backend="jit"``, flashinfer missing) witho
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 from .. import knobs, routing
 from . import catalogue as cat
-from .arch import limits
+from .arch import Limits, limits
 from .spec import KernelInstance
 
 _RULES: dict[str, cat.Rules | None] = {}  # op -> rules set at run time or from the environment
@@ -43,15 +44,39 @@ def set_config(op: str, text_or_rules) -> None:
     knobs.bump()
 
 
-def config_for(op: str, m: int, variant: str | None, shape: tuple[int, int] | None = None) -> tuple[str, cat.GemmConfig]:
+def launch_reason(cfg: cat.GemmConfig, op: str, m: int, shape: tuple[int, int], lim: Limits) -> str | None:
+    """Why ``cfg`` cannot launch for ``op`` at ``m`` and (N, K) on a device of limits ``lim`` (its ``sms``
+    SMs, shared memory per CTA, threads and registers per block, cluster size), or None: it fits."""
+    grid, block, cluster = cfg.geometry(*shape, lim.sms or 1)
+    smem, threads = cfg.smem(m, shape), block[0] * block[1] * block[2]
+    registers = getattr(cfg, "registers", None)
+    regs = registers(m, shape) if registers else 0
+    size = cluster[0] * cluster[1] * cluster[2] if cluster else 1
+    if smem > lim.smem_per_block:
+        return f"needs {smem} bytes of shared memory per CTA, the device allows {lim.smem_per_block}"
+    if threads > lim.threads_per_block or regs * threads > lim.regs_per_block:
+        return f"needs {threads} threads x {regs} registers per CTA, the device allows {lim.threads_per_block} " \
+               f"threads and {lim.regs_per_block} registers"
+    if size > min(lim.max_cluster, lim.sms or size):
+        return f"needs clusters of {size} CTAs, the device allows {min(lim.max_cluster, lim.sms or size)}"
+    return None
+
+
+def config_for(op: str, m: int, variant: str | None, shape: tuple[int, int] | None = None,
+               lim: Limits | None = None) -> tuple[str, cat.GemmConfig]:
     """(label, config) serving ``op`` at ``m`` and the call's (N, K): the rules in force, else ``variant``
-    where it serves there, else the fallback."""
+    where it serves there, else the fallback. With the device's limits ``lim`` (and ``shape``) only a
+    configuration that fits them (``catalogue.launch_reason``) is taken: the routed one, the fallback, else
+    the first in catalogue order that fits; the fallback where none does (the caller's check then declines)."""
     r = rules(op)
     if r is not None:
         return "rules", cat.rule_for(r, m)
-    cfg = cat.VARIANTS[op].get(variant or "")
-    if cfg is not None and cat.variant_serves(cfg, op, m, shape):
-        return variant, cfg
+    order = [variant or "", cat.FALLBACK_VARIANT] + (list(cat.VARIANTS[op]) if lim is not None else [])
+    for name in order:
+        cfg = cat.VARIANTS[op].get(name)
+        if cfg is not None and cat.variant_serves(cfg, op, m, shape) and (
+                lim is None or shape is None or launch_reason(cfg, op, m, shape, lim) is None):
+            return name, cfg
     return cat.FALLBACK_VARIANT, cat.VARIANTS[op][cat.FALLBACK_VARIANT]
 
 
@@ -106,14 +131,15 @@ def cache_coverage(arch: str, shapes) -> dict:
 
 def routed_instances(arch: str, shapes) -> list[tuple[str, KernelInstance]]:
     """``(op, instance)`` for every instance the JIT backend can launch on ``arch`` for ``shapes``
-    (``models.Shape``s) at M = 1..MAX_M, in both launch contexts."""
+    (``models.Shape``s) at M = 1..MAX_M, in both launch contexts: the configurations that fit the arch's limits."""
     device = target_device(arch)
+    lim = dataclasses.replace(limits(arch), sms=device.sms)
     out: list[tuple[str, KernelInstance]] = []
     for shape in shapes:
         for m in range(1, cat.MAX_M + 1):
             for pdl in (True, False):
                 _, cfg = config_for(shape.op, m, routed_variant(shape.op, shape.key(), m, device, pdl),
-                                    (shape.n, shape.k))
+                                    (shape.n, shape.k), lim)
                 pair = (shape.op, cfg.instance(shape.op, m, shape.out, (shape.n, shape.k)))
                 if pair not in out:
                     out.append(pair)

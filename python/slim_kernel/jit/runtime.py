@@ -7,7 +7,9 @@ Kernels are memoized per (instance, device, launcher): the second ``get_kernel``
 
 from __future__ import annotations
 
+import ctypes
 import os
+import re
 import threading
 from types import ModuleType
 
@@ -22,7 +24,66 @@ from .spec import KernelInstance
 
 LAUNCHERS = ("native", "python")
 CARVEOUT_ATTR = 9  # CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT
+MAX_THREADS_ATTR = 0  # CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK: what the function's registers leave
+MAX_DYNAMIC_SMEM_ATTR = 8  # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+DEFAULT_DYNAMIC_SMEM = 48 * 1024  # what a launch gets without opting in
 LAUNCH_CARVEOUT_DRIVER = 12060  # CU_LAUNCH_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT is in CUDA 12.6's cuda.h
+# what cuModuleLoadData answers for an image this driver cannot run (a newer toolkit's cubin, say)
+UNLOADABLE = ("CUDA_ERROR_UNSUPPORTED_PTX_VERSION", "CUDA_ERROR_NO_BINARY_FOR_GPU", "CUDA_ERROR_INVALID_IMAGE")
+
+
+class KernelLoadError(RuntimeError):
+    """The driver cannot load a cubin (built by a newer CUDA than the driver's): the call goes to the next
+    backend (``backends/jit.py``), the message naming both versions."""
+
+
+def driver_cuda_version() -> int:
+    """cuDriverGetVersion() read straight from libcuda (13000 = CUDA 13.0; nothing is initialized), 0 if unreadable."""
+    try:
+        value = ctypes.c_int(0)
+        if ctypes.CDLL("libcuda.so.1").cuDriverGetVersion(ctypes.byref(value)) != 0:
+            return 0
+    except (OSError, AttributeError):
+        return 0
+    return value.value
+
+
+def _version_text(driver: int) -> str:
+    return f"CUDA {driver // 1000}.{driver % 1000 // 10}" if driver else "an unknown CUDA version"
+
+
+def load_check(compiled_by: str, driver: int) -> str | None:
+    """Why a cubin compiled by ``compiled_by`` (the cache header's ``"nvrtc 13.0 (...)"``/``"nvcc 12.8.93"``)
+    cannot load under a driver of version ``driver`` (``cuDriverGetVersion``), or None: a cubin of a newer
+    CUDA major than the driver's is refused (CUDA's compatibility holds within a major only)."""
+    found = re.search(r"\b(\d+)\.(\d+)", compiled_by)
+    if not found or not driver or int(found[1]) <= driver // 1000:
+        return None
+    return (f"compiled by {compiled_by} (CUDA {found[1]}.{found[2]}), the driver supports {_version_text(driver)}: "
+            f"update the driver or compile with a CUDA {driver // 1000}.x NVRTC/nvcc")
+
+
+def _load(name: str, instance: KernelInstance, arch: str, device_index: int):
+    """The launcher's kernel object for ``instance`` (compiled through the cache), or KernelLoadError
+    naming the compiler and driver versions where the driver cannot load the cubin."""
+    entry = get_entry(instance, arch)
+    compiled_by = str(entry.header.get("compiler", ""))
+    driver = driver_cuda_version()
+    why = load_check(compiled_by, driver)
+    if why is not None:
+        raise KernelLoadError(f"slim_kernel: cannot load JIT kernel {instance.entry} ({arch}): {why}")
+    try:
+        if name == "native":
+            module, _ = native_module()
+            impl = module.Kernel(entry.cubin, instance.entry, instance.signature, device_index)
+        else:
+            impl = _pylauncher.Kernel(entry.cubin, instance.entry, instance.signature, device_index)
+    except RuntimeError as exc:
+        if not any(code in str(exc) for code in UNLOADABLE):
+            raise
+        raise KernelLoadError(f"slim_kernel: the driver ({_version_text(driver)}) cannot load JIT kernel "
+                              f"{instance.entry} ({arch}) compiled by {compiled_by}: {exc}") from None
+    return impl, entry
 
 
 def carveout_percent(smem: int, ctas: int, sms: int, per_sm: int, room: int, cluster: bool = False) -> int | None:
@@ -80,6 +141,20 @@ class LoadedKernel:
         if launch_carveout_supported(self.launcher):
             return percent
         self.prefer_carveout(percent)
+        return None
+
+    def launch_reason(self, threads: int, smem: int) -> str | None:
+        """Why a launch of ``threads`` per CTA with ``smem`` bytes of dynamic shared memory would fail, asked of
+        the driver before the first one (the function's threads per block at its real register count, the
+        shared memory it may opt into: the opt-in is made here, as the first launch would), or None."""
+        try:
+            most = self.impl.attribute(MAX_THREADS_ATTR)
+            if threads > most:
+                return f"needs {threads} threads per CTA, {self.instance.entry} allows {most} at its registers"
+            if smem > DEFAULT_DYNAMIC_SMEM:
+                self.impl.set_attribute(MAX_DYNAMIC_SMEM_ATTR, smem)
+        except RuntimeError as exc:
+            return str(exc)
         return None
 
     def prefer_carveout(self, percent: int) -> None:
@@ -168,12 +243,7 @@ def get_kernel(instance: KernelInstance, device_index: int, *, launcher: str | N
                 if why is not None:
                     raise RuntimeError(f"slim_kernel: cannot load JIT kernel {instance.entry}: {why}")
                 arch = arch_for_device(device_index)
-                entry = get_entry(instance, arch)
-                if name == "native":
-                    module, _ = native_module()
-                    impl = module.Kernel(entry.cubin, instance.entry, instance.signature, device_index)
-                else:
-                    impl = _pylauncher.Kernel(entry.cubin, instance.entry, instance.signature, device_index)
+                impl, entry = _load(name, instance, arch, device_index)
                 kernel = LoadedKernel(instance, device_index, arch, name, impl, entry.usage)
                 _KERNELS[resolved] = kernel
             _KERNELS[key] = kernel

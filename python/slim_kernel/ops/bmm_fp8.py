@@ -17,7 +17,9 @@ OUT_DTYPES = (torch.bfloat16, torch.float16)
 
 registry.register(
     KernelSpec(OP, KernelBackend.FLASHINFER, "slim_kernel.backends.flashinfer:bmm_fp8",
-               min_sm=(8, 9), check=_fi.bmm_fp8_check, probe=_fi.BACKEND.probe,
+               # not on SM 12.x: its cuBLASLt path fails there (CUBLAS_STATUS_NOT_SUPPORTED on sm_120,
+               # flashinfer-ai/flashinfer#3255; the cuDNN one on GB10, #3566), so the torch reference serves
+               min_sm=(8, 9), max_sm=(11, 0), check=_fi.bmm_fp8_check, probe=_fi.BACKEND.probe,
                note="flashinfer.bmm_fp8(backend='cublas'), bit-identical"),
     KernelSpec(OP, KernelBackend.TORCH, "slim_kernel.backends.torch_ref:bmm_fp8",
                device_types=frozenset({"cpu", "cuda"}), note="fp32 reference, any shape"),
