@@ -13,12 +13,13 @@ source that has the call, in this order:
    by device name, SM count and library versions; another device's or version's is never read). Its
    shapes and M exactly; a table that does not parse is refused with one warning.
 2. **shipped**: ``tables/routing_<arch>.json``, generated from the committed decode-step runs
-   (``benchmark/make_routing.py``), one table per measured device: this device's (by name), else one
-   of the same SM count (another GPU's numbers: marked as an estimate); the call's shape exactly, the
+   (``benchmark/make_routing.py``), one table per measured device (the H200 and the H100 on sm_90): this
+   device's (by name), else the nearest one of the same SM count (another GPU's numbers: marked as an
+   estimate; nearness: ``device_distance``, SM count and memory bandwidth); the call's shape exactly, the
    installed versions or the nearest measured ones, the nearest measured M within 8.
 3. **estimate**: for a shape no table measured, or a device no shipped table matches, every
-   candidate's µs from the measured shapes of the op (``estimate.py``; the shipped table of the
-   nearest SM count), marked as an estimate.
+   candidate's µs from the measured shapes of the op (``estimate.py``: placed on this device's SMs; the
+   shipped table of the nearest device), marked as an estimate.
 4. nothing: the op's priority order.
 
 ``slim-kernel info`` says which source decides each shape and M, and that ``slim-kernel tune``
@@ -246,17 +247,28 @@ def table(arch: str) -> Table | None:
 
 
 def shipped_for(device: Device) -> Table | None:
-    """The shipped table measured on ``device``: the same device name, else the same SM count (another
-    GPU's numbers: an estimate), else None (the estimate re-derives the numbers for its SM count)."""
+    """The shipped table measured on ``device``: the same device name, else the nearest (``device_distance``)
+    of the same SM count (another GPU's numbers: an estimate), else None (the estimate re-derives the
+    numbers for its SM count)."""
     found = tables(device.arch)
-    return next((t for t in found if t.device == device.name and t.sms in (None, device.sms)),
-                next((t for t in found if t.sms in (None, device.sms)), None))
+    same = [t for t in found if t.sms in (None, device.sms)]
+    return next((t for t in same if t.device == device.name),
+                min(same, key=lambda t: device_distance(device, t), default=None))
 
 
 def nearest_shipped(device: Device) -> Table | None:
-    """The shipped table the estimate learns from: the device's own, else the one of the nearest SM count."""
-    found = tables(device.arch)
-    return shipped_for(device) or min(found, key=lambda t: abs((t.sms or device.sms) - device.sms), default=None)
+    """The shipped table the estimate learns from: the device's own, else the nearest one (``device_distance``)."""
+    return shipped_for(device) or min(tables(device.arch), key=lambda t: device_distance(device, t), default=None)
+
+
+def device_distance(device: Device, tab: Table) -> float:
+    """How far a table's GPU stands from ``device``: |log SM-count ratio| + |log memory-bandwidth ratio| (the
+    table's measured read bandwidth against the device's peak: each GPU reads about 0.9 of its peak, so
+    the ratio still ranks), a term dropped where either side does not know it; ties keep the table order."""
+    far = abs(math.log((tab.sms or device.sms) / device.sms))
+    if device.memory_gbps and tab.memory_gbps:
+        far += abs(math.log(tab.memory_gbps / device.memory_gbps))
+    return far
 
 
 def slug(text: str) -> str:
