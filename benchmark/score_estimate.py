@@ -50,8 +50,9 @@ def _score(rows: list[dict], tables_for, device, flashinfer: str, listing: bool)
         if d is None:  # nothing to estimate from: selection runs the priority order, as the run's default did
             pick, us = "priority order", r["us"]["default"]
         else:  # the first candidate of the ranking that runs at this shape (selection skips the others),
-            timed = candidates(r["op"], r["us"], r["shape"])  # the row's columns by today's names, as ranked
-            pick, us = next((cand, timed[cand]) for cand, _ in d.point.us if cand in timed)
+            timed = candidates(r["op"], r["us"], r["shape"])  # the row's columns and the ranking by today's names
+            pick, us = next((c, timed[c]) for c in (backend.canonical(r["op"], cand) for cand, _ in d.point.us)
+                            if c in timed)
         anchor = min(v for k, v in r["us"].items() if k.startswith("anchor:"))
         ours = min(v for k, v in r["us"].items() if not k.startswith(("anchor:", "default")))
         over += us / anchor > 1.10

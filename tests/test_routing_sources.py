@@ -203,9 +203,12 @@ def test_the_h100_reads_its_own_group_of_the_shipped_table(tuned_cache):
 
 @pytest.mark.parametrize("name,sms,gbps,nearest", [
     ("NVIDIA H800", 132, 3350, "NVIDIA H100 80GB HBM3"),  # same SMs, the H100's bandwidth
+    ("NVIDIA H200 NVL", 132, 4800, "NVIDIA H200"),
+    ("NVIDIA GH200 144G HBM3e", 132, 4900, "NVIDIA H200"),
+    ("NVIDIA GH200 480GB", 132, 4000, "NVIDIA H100 80GB HBM3"),  # 4.0 TB/s: nearer the H100's 3.35 than 4.8
     ("NVIDIA H100 PCIe", 114, 2000, "NVIDIA H100 80GB HBM3"),
-    ("NVIDIA H20", 78, 4000, "NVIDIA H200"),
-    ("NVIDIA GH200 480GB", 132, 4000, "NVIDIA H200"),
+    ("NVIDIA H20", 78, 4000, "NVIDIA H100 80GB HBM3"),
+    ("NVIDIA H20", 78, None, "NVIDIA H200"),  # bandwidth unknown: the SM count alone, a tie kept in table order
 ])
 def test_a_gpu_no_group_names_reads_the_nearest_by_sm_count_and_bandwidth(tuned_cache, name, sms, gbps, nearest):
     device = routing.Device(name, sms, "sm_90", gbps)
@@ -219,7 +222,7 @@ def test_a_gpu_no_group_names_reads_the_nearest_by_sm_count_and_bandwidth(tuned_
 @pytest.mark.parametrize("name,clock,bus,gbps", [
     ("NVIDIA H100 80GB HBM3", 2619000, 5120, 3352),  # memory clock (kHz) and bus width (bits) as torch reports them
     ("NVIDIA H100 PCIe", 0, 0, 2000), ("NVIDIA H20", 0, 0, 4000), ("NVIDIA H200", 0, 0, 4800),
-    ("NVIDIA GH200 480GB", 0, 0, 4000), ("NVIDIA RTX PRO 6000", 0, 0, None),
+    ("NVIDIA GH200 480GB", 0, 0, 4000), ("NVIDIA GH200 144G HBM3e", 0, 0, 4900), ("NVIDIA RTX PRO 6000", 0, 0, None),
 ])
 def test_a_devices_memory_bandwidth_comes_from_its_properties_else_its_name(name, clock, bus, gbps):
     from slim_kernel.decision import memory_gbps
@@ -242,7 +245,7 @@ def test_info_says_whose_measurements_route_the_gpu(monkeypatch, device, own):
     if own:
         assert shipped == {"device": device.name, "rule": "this GPU's own measurements"}
     else:
-        assert shipped["device"] == "NVIDIA H200" and shipped["rule"].startswith("the estimate, placed on its 78 SMs")
+        assert shipped["device"] == "NVIDIA H100 80GB HBM3" and shipped["rule"].startswith("the estimate, placed on its 78 SMs")
     rows = info._picks(torch.device("cuda", 0))
     sources = {r["source"] for r in rows if r["shape"] == {"e": 256, "k": 7168, "out": "float32"}}
     assert sources == ({"shipped"} if own else {"estimate"})

@@ -59,7 +59,8 @@ class Decision:
 # Peak memory bandwidth (GB/s) of GPUs by name, where torch does not report memory clock and bus width:
 # the estimate's nearness of a GPU to the measured ones (the first name contained in the device's wins).
 MEMORY_GBPS = {"H100 PCIe": 2000, "H100 NVL": 3900, "H100": 3350, "H800": 3350, "H20": 4000, "H200": 4800,
-               "GH200": 4000}
+               "GH200": 4000,
+               "GH200 144G": 4900}
 
 
 def memory_gbps(name: str, clock_khz: int = 0, bus_bits: int = 0) -> float | None:
