@@ -133,6 +133,12 @@ def test_tune_reports_how_its_picks_compare_with_the_shipped_table():
     report = tune.against_shipped(entries + [entry(versions=V074)], "sm_90")
     assert "at 39 of 40 points; its pick at most 1.25x this one's (1 points over 1.02x)" in report
     assert tune.against_shipped([entry(versions=V074)], "sm_90") is None and tune.against_shipped(entries, "sm_75") is None
+    # a tune on the H100 compares with the H100's group, the one selection read there before it
+    h100 = routing.tables("sm_90")[1]
+    own = [{"op": p.op, "shape": dict(p.shape), "m": p.m, "pdl": p.pdl, "us": dict(p.us), "versions": p.versions}
+           for p in h100.points[:40]]
+    assert tune.against_shipped(own, "sm_90", H100).startswith(
+        "the same pick as the shipped table (NVIDIA H100 80GB HBM3) at 40 of 40")
 
 
 def test_compare_tables_reports_both_directions_and_refuses_a_bad_table(tmp_path, capsys, monkeypatch):
