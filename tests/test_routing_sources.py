@@ -256,3 +256,14 @@ def test_info_says_whose_measurements_route_the_gpu(monkeypatch, device, own):
     sources = {r["source"] for r in rows if r["shape"] == {"e": 256, "k": 7168, "out": "float32"}}
     assert sources == ({"shipped"} if own else {"estimate"})
     assert all(r["estimate"] != own for r in rows if r["shape"] == {"e": 256, "k": 7168, "out": "float32"})
+
+
+def test_the_estimate_on_the_h100_learns_its_own_group_first_then_shapes_only_the_h200_measured(tuned_cache):
+    h200, h100 = routing.tables("sm_90")[:2]
+    assert routing.shipped_by_nearness(H100) == [h100, h200] and routing.shipped_by_nearness(H200) == [h200, h100]
+    only = next(p for p in h200.points if p.op == ROUTER and p.versions == V074 and not p.pdl and p.m == 4
+                and h100.point(p.op, dict(p.shape), p.m, p.versions, p.pdl) is None)  # a shape the H100 runs lack
+    dec = routing.lookup(ROUTER, dict(only.shape), 4, False, H100)
+    shapes = len({p.shape for p in h200.points if p.op == ROUTER and p.versions == V074 and not p.pdl and p.m == 4})
+    assert dec.source == "estimate" and f"at the {shapes} measured shapes" in dec.match  # the H200's shapes count too
+    assert dec.point.us[0][0] == only.us[0][0]  # the H200's fastest at that very shape leads

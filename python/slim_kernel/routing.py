@@ -19,7 +19,8 @@ source that has the call, in this order:
    installed versions or the nearest measured ones, the nearest measured M within 8.
 3. **estimate**: for a shape no table measured, or a device no shipped table matches, every
    candidate's µs from the measured shapes of the op (``estimate.py``: placed on this device's SMs; the
-   shipped table of the nearest device), marked as an estimate.
+   shipped tables nearest device first, a shape of a farther one where the nearer lack it), marked as an
+   estimate.
 4. nothing: the op's priority order.
 
 ``slim-kernel info`` says which source decides each shape and M, and that ``slim-kernel tune``
@@ -258,8 +259,16 @@ def shipped_for(device: Device) -> Table | None:
 
 
 def nearest_shipped(device: Device) -> Table | None:
-    """The shipped table the estimate learns from: the device's own, else the nearest one (``device_distance``)."""
-    return shipped_for(device) or min(tables(device.arch), key=lambda t: device_distance(device, t), default=None)
+    """The shipped table the estimate learns from first: the device's own, else the nearest one (``device_distance``)."""
+    return next(iter(shipped_by_nearness(device)), None)
+
+
+def shipped_by_nearness(device: Device) -> list[Table]:
+    """Every shipped table of the device's arch, ``shipped_for``'s first, then by ``device_distance``: what the
+    estimate learns from (a shape the nearer ones lack comes from a farther one)."""
+    first = shipped_for(device)
+    rest = sorted((t for t in tables(device.arch) if t is not first), key=lambda t: device_distance(device, t))
+    return ([first] if first is not None else []) + rest
 
 
 def device_distance(device: Device, tab: Table) -> float:
@@ -334,7 +343,7 @@ def lookup(op: str, shape: dict, m: int, pdl: bool, device: Device) -> Decision 
 
 @cache
 def _estimate(op: str, shape: tuple, m: int, pdl: bool, device: Device, versions: tuple) -> Decision | None:
-    learn = [t for t in (tuned_table(device, versions), nearest_shipped(device)) if t is not None]
+    learn = [t for t in (tuned_table(device, versions), *shipped_by_nearness(device)) if t is not None]
     return estimate(op, dict(shape), m, pdl, device, learn, versions, backend.Geometry.installed(op, device.arch))
 
 
