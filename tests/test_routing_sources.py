@@ -238,11 +238,11 @@ def test_a_devices_memory_bandwidth_comes_from_its_properties_else_its_name(name
 
 @pytest.mark.parametrize("device,own", [(H100, True), (routing.Device("NVIDIA H20", 78, "sm_90", 4000), False)],
                          ids=["H100", "H20"])
-def test_info_says_whose_measurements_route_the_gpu(monkeypatch, device, own):
+def test_info_says_whose_measurements_route_the_gpu(monkeypatch, capsys, device, own):
     import torch
 
     import slim_kernel.ops  # noqa: F401
-    from slim_kernel import devices, info, registry
+    from slim_kernel import cli, devices, info, registry
 
     monkeypatch.setattr(registry, "arch", lambda d: "sm_90")
     monkeypatch.setattr(registry, "_capability", lambda index: (9, 0))
@@ -267,3 +267,16 @@ def test_the_estimate_on_the_h100_learns_its_own_group_first_then_shapes_only_th
     shapes = len({p.shape for p in h200.points if p.op == ROUTER and p.versions == V074 and not p.pdl and p.m == 4})
     assert dec.source == "estimate" and f"at the {shapes} measured shapes" in dec.match  # the H200's shapes count too
     assert dec.point.us[0][0] == only.us[0][0]  # the H200's fastest at that very shape leads
+    collect = info.collect
+
+    def with_the_gpu(shapes=None):  # the report of a machine with this GPU (its picks are checked above)
+        report, errors = collect(shapes)
+        report["devices"].append({"device": "cuda:0", "name": device.name, "capability": "9.0", "sms": device.sms,
+                                  "ops": {}, "routing_tables": info._tables(torch.device("cuda", 0)), "picks": []})
+        return report, errors
+    monkeypatch.setattr(info, "collect", with_the_gpu)
+    capsys.readouterr()
+    assert cli.main(["info"]) == 0
+    out = capsys.readouterr().out
+    assert "; ".join(f"{t.device}, {len(t.points)} points" for t in routing.tables("sm_90")) in out  # both GPUs
+    assert ("  shipped table for this GPU: NVIDIA H100 80GB HBM3 (this GPU's own measurements)" in out) == own, out

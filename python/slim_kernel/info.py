@@ -289,8 +289,9 @@ def run(args) -> int:
     _print_coverage(report["jit_cache_coverage"])
     print("  knobs: " + ", ".join(f"{k}={v}" for k, v in report["knobs"].items() if v is not None))
     for name, tab in report["routing_tables"].items():
-        print(f"  routing table {name}: " + (f"{tab['source']} ({tab['device']}, {tab['entries']} points, "
-                                             f"flashinfer {', '.join(tab['flashinfer_versions'])})" if tab else "none"))
+        measured = "; ".join(f"{d['device']}, {d['entries']} points" for d in tab["devices"]) if tab else ""
+        print(f"  routing table {name}: " + (f"{tab['source']} ({measured}; flashinfer "
+                                             f"{', '.join(tab['flashinfer_versions'])})" if tab else "none"))
     for note in report["notes"]:
         print(f"  note: {note}")
     for dev in report["devices"]:
