@@ -1,10 +1,11 @@
 """From decode-step benchmark JSON to the shipped routing table and the at-a-glance summary.
 
-    python benchmark/make_routing.py [--plots]             # regenerate both (and the plots) from the committed runs
+    python benchmark/make_routing.py [--plots] [--standing]  # regenerate both (and the plots) from the committed runs
     python benchmark/make_routing.py RESULTS.json [...] [--table PATH] [--summary PATH]
 
-RESULTS are ``bench_gemm.py`` JSONs (default: ``RESULTS`` below, the committed H200 runs, one per
-flashinfer version), each read from ``NAME`` or, where that is absent, its gzip-compressed copy ``NAME.gz``
+RESULTS are ``bench_gemm.py`` JSONs (default: ``RESULTS`` below, the committed runs of each measured GPU
+by its folder under ``benchmark/results/``: the H200's and the H100's, each a measurement group per
+flashinfer version of the one shipped table), each read from ``NAME`` or, where that is absent, its gzip-compressed copy ``NAME.gz``
 (how the committed runs are stored: ``gzip -9n NAME``). Several of one flashinfer version merge point by point, a later file's rows
 replacing an earlier one's; every row stays one side-by-side run. The table (read by
 ``slim_kernel/routing.py``) gets, per op, shape, M, flashinfer version and launch context, the
@@ -16,9 +17,13 @@ like every other measurement; only ``bench_gemm.py``, while it measures them, ke
 of other flashinfer versions already in the table are kept, so the 0.7.2.post1 and 0.7.4 runs merge
 into one file.
 
-The summary has one row per measured decode-step point (both producers): the default path's
-choice and time, the best anchor (every ``anchor:*`` column of the run) and the ratio, and after
-a tune of an unnamed shape the tuned default's ratio.
+The summary (one per GPU folder) has one row per measured decode-step point (both producers): the default
+path's choice and time, the best anchor (every ``anchor:*`` column of the run) and the ratio, and after
+a tune of an unnamed shape the tuned default's ratio. A folder whose runs' default read another GPU's
+table (``REPLAYED``: the H100 runs, made while the table held the H200 alone) adds to each row what this
+table picks for that GPU and what that candidate measured in the same run over the best anchor
+(``table_backend``, ``table_us``, ``table_ratio``); ``--standing`` prints every GPU's standing with this
+table that way.
 """
 
 from __future__ import annotations
@@ -37,9 +42,10 @@ SCHEMA = 1  # of the summary (the table is routing.SCHEMA)
 TIE = 0.02  # within 2%: what one run's repeat-to-repeat spread allows calling a tie
 ARCH = "sm_90"  # the arch of the committed runs (a run that names its own arch keeps it)
 TABLE = ROOT / "python" / "slim_kernel" / "tables" / "routing_sm90.json"
-RESULTS_DIR = ROOT / "benchmark" / "results" / "h200"
-# the runs the shipped table comes from; a version's later files replace its earlier ones point by point
-RESULTS = ["bench_gemm_fi074.json", "bench_gemm_fi074_routers_large.json", "bench_gemm_fi074_m1_16.json",
+RESULTS_ROOT = ROOT / "benchmark" / "results"
+# the runs the shipped table comes from, per GPU folder; a device's and version's later files replace its
+# earlier ones point by point; the first folder's device is the arch's reference (``routing.table``)
+RESULTS = {"h200": ["bench_gemm_fi074.json", "bench_gemm_fi074_routers_large.json", "bench_gemm_fi074_m1_16.json",
            "bench_gemm_fi074_unnamed.json", "bench_gemm_fi074_heldout.json", "bench_gemm_fi074_fresh_fused_a.json",
            "bench_gemm_fi074_fresh_routers.json", "bench_gemm_fi074_fresh3.json",
            "bench_gemm_fi074_narrow_fused_a.json", "bench_gemm_fi074_heldout2.json",
@@ -48,8 +54,12 @@ RESULTS = ["bench_gemm_fi074.json", "bench_gemm_fi074_routers_large.json", "benc
            "bench_gemm_fi074_heldout6.json",
            "bench_gemm_fi072.json", "bench_gemm_fi072_routers_large.json", "bench_gemm_fi072_m1_16.json",
            "bench_gemm_fi072_narrow_fused_a.json", "bench_gemm_fi072_heldout4.json",
-           "bench_gemm_fi072_stream_trigger.json"]
-SUMMARY = RESULTS_DIR / "decode_step_summary.json"
+           "bench_gemm_fi072_stream_trigger.json"],
+           "h100": ["bench_gemm_fi074_fused_a.json", "bench_gemm_fi074_routers.json", "bench_gemm_fi072.json"]}
+REPLAYED = {"h100"}  # folders whose runs' default read another GPU's table (see the module docstring)
+SUMMARY_NAME = "decode_step_summary.json"
+RESULTS_DIR = RESULTS_ROOT / "h200"
+SUMMARY = RESULTS_DIR / SUMMARY_NAME  # the reference GPU's summary
 
 
 def read_json(path) -> dict:
@@ -167,14 +177,30 @@ def build_table(reports: list[dict], old: dict | None, generated_by: str, per_po
         group = merged[key]
         group["command"] = report["command"]
         group["entries"].update((_entry_key(e), e) for e in table_entries(report, unnamed))
-    order = lambda g: (g["device"], g["sms"] or 0, [(n, routing.version_key(v)) for n, v in sorted(g["versions"].items())])  # noqa: E731
+    # devices in the order they came (``old``'s first: its first device stays the arch's reference), versions sorted
+    rank: dict[tuple, int] = {}
+    for g in merged.values():
+        rank.setdefault((g["device"], g["sms"]), len(rank))
+    order = lambda g: (rank[(g["device"], g["sms"])], [(n, routing.version_key(v)) for n, v in sorted(g["versions"].items())])  # noqa: E731
     groups = [{**g, "entries": sorted(g["entries"].values(), key=lambda e: (e["op"], sorted(e["shape"].items()),
                                                                            e["m"], not e["pdl"]))}
               for g in sorted(merged.values(), key=order)]
     return {"schema": routing.SCHEMA, "generated_by": generated_by, "measurements": groups}
 
 
-def summary_rows(report: dict) -> list[dict]:
+def table_pick(row: dict, versions: tuple, tab: routing.Table | None) -> tuple[str, float] | None:
+    """What ``tab`` (a device's group of the shipped table) picks at a decode-step row measured with
+    ``versions`` and what that candidate measured in the row: the first of its ranking the row timed, or None
+    where it has no point."""
+    dec = tab.lookup(row["op"], {k: v for k, v in row["shape"].items() if k != "m"}, row["shape"]["m"], versions,
+                     row["producer"] == "pdl") if tab is not None else None
+    timed = candidates(row["op"], row["us"], row["shape"])  # by today's names, as the table has them
+    return next(((c, timed[c]) for c, _ in dec.point.us if c in timed), None) if dec else None
+
+
+def summary_rows(report: dict, tab: routing.Table | None = None) -> list[dict]:
+    """The summary rows of a run; with ``tab`` (the table's group of the run's device) each also says what
+    that table picks there and what it measured in the run (``table_*``)."""
     version = report["versions"].get("flashinfer", "not installed")
     out = []
     for row in _decode_rows(report):
@@ -194,6 +220,9 @@ def summary_rows(report: dict) -> list[dict]:
             if us.get("default_tuned") is not None:
                 entry["tuned_us"] = round(us["default_tuned"], 3)
                 entry["tuned_ratio"] = round(us["default_tuned"] / anchors[best], 3)
+        pick = table_pick(row, tuple(sorted(group_header(report)["versions"].items())), tab)
+        if pick is not None:
+            entry.update(table_backend=pick[0], table_us=round(pick[1], 3), table_ratio=round(pick[1] / anchors[best], 3))
         out.append(entry)
     return out
 
@@ -246,14 +275,44 @@ def dumps_table(table: dict, key: str = "entries") -> str:
     return json.dumps(head, indent=1)[:-2] + f',\n "{key}": [\n  ' + ",\n  ".join(lines) + "\n ]\n}\n"
 
 
+def standing(reports: list[dict], tables: list[routing.Table]) -> list[str]:
+    """Each run's standing with the table: per device, flashinfer version, op and producer, where the
+    table's pick for that device (``table_pick``) measured in the same run over the best anchor wins, ties
+    and loses, the worst ratio, and the targets (routers <= 0.95x at M 1-16, fused-A <= 1.00x)."""
+    lines = []
+    for rep in reports:
+        header = group_header(rep)
+        tab = next((t for t in tables if (t.device, t.sms) == (header["device"], header["sms"])), None)
+        cells: dict[tuple, list[tuple[int, float]]] = {}
+        for r in summary_rows(rep, tab):
+            if "table_ratio" in r:
+                cells.setdefault((r["op"], r["producer"]), []).append((r["m"], r["table_ratio"]))
+        for (op, producer), got in sorted(cells.items()):
+            ratios = [x for _, x in got]
+            verdicts = [winner(x, "anchor") for x in ratios]
+            low = [x for m, x in got if m <= 16]
+            bound = 0.95 if op == "dsv3_router_gemm" else 1.00
+            lines.append(f"{header['device']} flashinfer {header['versions'].get('flashinfer')} {op} after the "
+                         f"{producer} producer: {verdicts.count('slim-kernel')} / {verdicts.count('tie')} / "
+                         f"{verdicts.count('anchor')} (win / tie / loss), worst {max(ratios):.3f}x; <= {bound:.2f}x "
+                         f"at {sum(x <= bound for x in low)} of {len(low)} points of M 1-16, "
+                         f"{sum(x <= bound for x in ratios)} of {len(ratios)} in all")
+    return lines
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("results", nargs="*", help=f"bench_gemm.py JSON files (default: {', '.join(RESULTS)} in "
-                                               f"{RESULTS_DIR.relative_to(ROOT)})")
+    ap.add_argument("results", nargs="*", help="bench_gemm.py JSON files (default: RESULTS, each GPU folder's runs "
+                                               f"under {RESULTS_ROOT.relative_to(ROOT)})")
     ap.add_argument("--table", default=str(TABLE), help="routing table to write")
-    ap.add_argument("--summary", help="decode_step_summary.json to write (default with no RESULTS: the committed one)")
+    ap.add_argument("--summary", help="with RESULTS: decode_step_summary.json to merge their rows into; with --markdown: "
+                                      f"the summary to print (default: {SUMMARY.relative_to(ROOT)})")
+    ap.add_argument("--summaries", default=str(RESULTS_ROOT), help="with no RESULTS: where each GPU folder's "
+                                                                  f"{SUMMARY_NAME} goes (default: beside its runs)")
     ap.add_argument("--plots", action="store_true", help="also draw each flashinfer version's merged runs into the "
                                                           "PNG named after its first RESULTS file (bench_gemm.py's plot)")
+    ap.add_argument("--standing", action="store_true", help="also print each run's standing with the written table "
+                                                             "(its pick's measured time over the best anchor)")
     ap.add_argument("--markdown", choices=("plain", "pdl"), help="print the summary as a markdown table of that "
                                                                   "producer's rows instead (nothing is written)")
     args = ap.parse_args(argv)
@@ -262,7 +321,8 @@ def main(argv=None) -> int:
         print(summary_markdown(json.loads(summary.read_text())["rows"], args.markdown))
         return 0
     committed = not args.results
-    paths = [RESULTS_DIR / r for r in RESULTS] if committed else [Path(p) for p in args.results]
+    folders = {gpu: [RESULTS_ROOT / gpu / r for r in runs] for gpu, runs in RESULTS.items()} if committed else {}
+    paths = [p for runs in folders.values() for p in runs] if committed else [Path(p) for p in args.results]
     reports = merge_reports([read_json(p) for p in paths])
     table_path = Path(args.table)
     # From the committed runs the table is rebuilt from them alone; given runs merge into the table there.
@@ -272,12 +332,24 @@ def main(argv=None) -> int:
     table_path.parent.mkdir(parents=True, exist_ok=True)
     table_path.write_text(dumps_table(table))
     print(f"{sum(len(g['entries']) for g in table['measurements'])} routing entries -> {table_path}")
-    summary = Path(args.summary) if args.summary else SUMMARY if committed else None
-    if summary is not None:
-        data = merge_summary(summary, reports) if not committed else {
-            "schema": SCHEMA, "rows": [r for rep in reports for r in summary_rows(rep)]}
+    tables = routing.parse(table, str(table_path))
+    if committed:
+        for gpu, runs in folders.items():
+            mine = merge_reports([read_json(p) for p in runs])
+            replay = (lambda rep: next((t for t in tables if t.device == rep["device"]), None)) if gpu in REPLAYED \
+                else (lambda rep: None)
+            data = {"schema": SCHEMA, "rows": [r for rep in mine for r in summary_rows(rep, replay(rep))]}
+            summary = Path(args.summaries) / gpu / SUMMARY_NAME
+            summary.parent.mkdir(parents=True, exist_ok=True)
+            summary.write_text(dumps_table(data, "rows"))
+            print(f"{len(data['rows'])} summary rows -> {summary}")
+    elif args.summary:
+        summary = Path(args.summary)
+        data = merge_summary(summary, reports)
         summary.write_text(dumps_table(data, "rows"))
         print(f"{len(data['rows'])} summary rows -> {summary}")
+    if args.standing:
+        print("\n".join(standing(reports, tables)))
     if args.plots:
         from bench_gemm import replot  # torch and matplotlib: only here
 

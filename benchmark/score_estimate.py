@@ -11,7 +11,10 @@ merges them, and the ``--flashinfer`` version's rows are scored. TABLE is a rout
 measured time over the best anchor's (points above 1.10x, the worst) and over our best candidate's
 (geometric mean regret):
   * unnamed: the rows marked ``unnamed`` (shapes the table lacks), estimated from the whole table;
-  * leave-one-shape-out: every shape of BENCH, estimated from the table without that shape.
+  * leave-one-shape-out: every shape of BENCH, estimated from the table without that shape;
+  * another GPU's table (``--learn DEVICE``, a device other than BENCH's): every row estimated from that
+    device's measurements alone, placed on BENCH's GPU (what a GPU no group names gets; e.g. the H100 runs
+    scored from the H200's measurements).
 No GPU (a CPU torch: the backends that give the estimate its grids import it). Where the installed flashinfer is the version the rows were
 measured with, the estimate places flashinfer's fused-A call as the program that release runs, as selection does
 (``backend.Geometry.installed``: imports torch and flashinfer); otherwise that call is scored as opaque, and the
@@ -27,7 +30,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
-from make_routing import merge_reports, read_json  # noqa: E402
+from make_routing import candidates, merge_reports, read_json  # noqa: E402
 
 from slim_kernel import backend, estimate, routing  # noqa: E402
 
@@ -46,8 +49,10 @@ def _score(rows: list[dict], tables_for, device, flashinfer: str, listing: bool)
                               (("flashinfer", flashinfer),), geometry[r["op"]])
         if d is None:  # nothing to estimate from: selection runs the priority order, as the run's default did
             pick, us = "priority order", r["us"]["default"]
-        else:  # the first candidate of the ranking that runs at this shape (selection skips the others)
-            pick, us = next((cand, r["us"][cand]) for cand, _ in d.point.us if cand in r["us"])
+        else:  # the first candidate of the ranking that runs at this shape (selection skips the others),
+            timed = candidates(r["op"], r["us"], r["shape"])  # the row's columns and the ranking by today's names
+            pick, us = next((c, timed[c]) for c in (backend.canonical(r["op"], cand) for cand, _ in d.point.us)
+                            if c in timed)
         anchor = min(v for k, v in r["us"].items() if k.startswith("anchor:"))
         ours = min(v for k, v in r["us"].items() if not k.startswith(("anchor:", "default")))
         over += us / anchor > 1.10
@@ -70,6 +75,9 @@ def main() -> int:
     ap.add_argument("--producer", choices=("plain", "pdl"), default="plain")
     ap.add_argument("--flashinfer", default="0.7.4", help="the version the rows were measured with")
     ap.add_argument("--list", action="store_true", help="also print every point over 1.10x")
+    ap.add_argument("--learn", metavar="DEVICE", help="learn from this device's measurements of TABLE (default: its "
+                                                      "first device's); another device than BENCH's scores the "
+                                                      "estimate for a GPU no group names")
     args = ap.parse_args()
     reports = merge_reports([read_json(p) for p in args.bench])
     matching = [r for r in reports if r.get("versions", {}).get("flashinfer") == args.flashinfer]
@@ -77,8 +85,13 @@ def main() -> int:
         ap.error(f"no BENCH file was measured with flashinfer {args.flashinfer}")
     bench = (matching or reports)[0]
     data = json.loads(Path(args.table).read_text())
-    whole = routing.parse(data, args.table)[:1]
-    device = routing.Device(bench.get("device", "NVIDIA H200"), int(bench.get("sms", 132)), whole[0].arch)
+    found = routing.parse(data, args.table)
+    whole = [next((t for t in found if t.device == args.learn), None) if args.learn else found[0]]
+    if whole[0] is None:
+        ap.error(f"{args.table} has no measurements of {args.learn!r} (it has {', '.join(t.device for t in found)})")
+    name = bench.get("device", "NVIDIA H200")
+    device = routing.Device(name, int(bench.get("sms", 132)), whole[0].arch,
+                            round(bench["hbm_read_GBps"]) if bench.get("hbm_read_GBps") else None)
     rows = [r for r in bench["rows"] if r["producer"] == args.producer]
     without: dict[tuple, list] = {}
 
@@ -91,8 +104,12 @@ def main() -> int:
     how = (f"read from the installed {args.flashinfer}" if _programs_readable(args.flashinfer)
            else f"not read (flashinfer {args.flashinfer} is not installed): its call is opaque")
     lines = [f"flashinfer's fused-A programs: {how}"]
-    for label, subset, tables_for in (("unnamed", [r for r in rows if r.get("unnamed")], lambda r: whole),
-                                      ("leave-one-shape-out", rows, loso)):
+    if whole[0].device != name:
+        lines.append(f"learning from {whole[0].device}'s measurements alone, predicting {name}")
+    scores = [("unnamed", [r for r in rows if r.get("unnamed")], lambda r: whole)]
+    if whole[0].device != name:  # every BENCH row, its shape measured on the other GPU (shipped_for's rule)
+        scores.append(("another GPU's table", rows, lambda r: whole))
+    for label, subset, tables_for in scores + [("leave-one-shape-out", rows, loso)]:
         if not subset:
             lines.append(f"{label}: no rows")
             continue

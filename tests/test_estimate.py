@@ -179,3 +179,35 @@ def test_score_estimate_scores_the_pick_that_selection_would_run(tmp_path, capsy
     (tmp_path / "b.json").write_text(json.dumps({"device": "NVIDIA H200", "sms": 132, "rows": [fused]}))
     assert score_estimate.main() == 0
     assert "unnamed (plain): 1 of 1 points > 1.10x the best anchor, worst 1.20x" in capsys.readouterr().out
+
+
+def test_score_estimate_scores_a_gpu_no_group_names_from_another_gpus_measurements(tmp_path, capsys):
+    """``--learn DEVICE``: the BENCH GPU's rows estimated from another GPU's group alone (the H200 predicting the
+    H100): where the two GPUs rank alike the pick is the fastest, where they do not the score says what it costs."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmark"))
+    import score_estimate
+
+    from slim_kernel import routing
+
+    shapes = [{"e": 256, "k": 7168, "out": "float32"}, {"e": 384, "k": 7168, "out": "float32"}]
+    h200 = table_file([entry(4, us={"jit:direct_c8": 4.0, "torch": 6.0}, shape=s) for s in shapes])
+    other = routing.Device("NVIDIA H100 80GB HBM3", 132, "sm_90")
+    h100 = table_file([entry(4, us={"jit:direct_c8": 5.0, "torch": 4.0}, shape=s) for s in shapes], device=other)
+    (tmp_path / "t.json").write_text(json.dumps({**h200, "measurements": h200["measurements"] + h100["measurements"]}))
+    rows = [{"op": ROUTER, "producer": "plain", "shape": {**s, "m": 4},  # on the H100 torch is the faster
+             "us": {"jit:direct_c8": 5.0, "torch": 4.0, "anchor:torch": 4.0, "default": 5.0}} for s in shapes]
+    (tmp_path / "b.json").write_text(json.dumps({"device": other.name, "sms": 132, "hbm_read_GBps": 3000.0,
+                                                 "rows": rows}))
+    for learn, want in (("NVIDIA H200", "2 of 2 points > 1.10x the best anchor, worst 1.25x"),
+                        ("NVIDIA H100 80GB HBM3", "0 of 2 points > 1.10x the best anchor, worst 1.00x")):
+        sys.argv = ["score_estimate.py", str(tmp_path / "b.json"), str(tmp_path / "t.json"), "--learn", learn]
+        assert score_estimate.main() == 0
+        out = capsys.readouterr().out
+        assert (f"another GPU's table (plain): {want}" in out) == (learn == "NVIDIA H200"), out
+        assert ("learning from NVIDIA H200's measurements alone, predicting NVIDIA H100 80GB HBM3" in out) == \
+            (learn == "NVIDIA H200")
+        assert f"leave-one-shape-out (plain): {want}" in out, out
+    sys.argv = ["score_estimate.py", str(tmp_path / "b.json"), str(tmp_path / "t.json"), "--learn", "NVIDIA B200"]
+    with pytest.raises(SystemExit):  # a device the table does not hold
+        score_estimate.main()
+    assert "has no measurements of 'NVIDIA B200'" in capsys.readouterr().err

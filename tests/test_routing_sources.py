@@ -96,10 +96,10 @@ def test_unmeasured_shapes_are_estimated_from_every_measured_shape_and_say_so(tu
     dec = routing.lookup(ROUTER, shape, 4, False, H200)
     assert dec.source == "estimate" and dec.estimated and "slim-kernel tune" in dec.match
     assert all(c.partition(":")[0] in ("jit", "flashinfer", "torch") for c, _ in dec.point.us)
-    # another GPU of the same SM count: the shipped point, flagged as an estimate
-    h100 = routing.Device("NVIDIA H100 80GB HBM3", 132, "sm_90")
-    dec = routing.lookup(ROUTER, {"e": 256, "k": 7168, "out": "float32"}, 4, False, h100)
-    assert dec.source == "shipped" and dec.estimated and "NVIDIA H200" in dec.match
+    # another GPU of the same SM count: the nearest measured GPU's point, flagged as an estimate
+    h200_nvl = routing.Device("NVIDIA H200 NVL", 132, "sm_90", 4800)
+    dec = routing.lookup(ROUTER, {"e": 256, "k": 7168, "out": "float32"}, 4, False, h200_nvl)
+    assert dec.source == "shipped" and dec.estimated and "measured on NVIDIA H200," in dec.match
     # another SM count (an H20's 78): re-derived for that grid, not the H200's numbers
     h20 = routing.Device("NVIDIA H20", 78, "sm_90")
     assert routing.lookup(ROUTER, {"e": 256, "k": 7168, "out": "float32"}, 4, False, h20).source == "estimate"
@@ -133,6 +133,12 @@ def test_tune_reports_how_its_picks_compare_with_the_shipped_table():
     report = tune.against_shipped(entries + [entry(versions=V074)], "sm_90")
     assert "at 39 of 40 points; its pick at most 1.25x this one's (1 points over 1.02x)" in report
     assert tune.against_shipped([entry(versions=V074)], "sm_90") is None and tune.against_shipped(entries, "sm_75") is None
+    # a tune on the H100 compares with the H100's group, the one selection read there before it
+    h100 = routing.tables("sm_90")[1]
+    own = [{"op": p.op, "shape": dict(p.shape), "m": p.m, "pdl": p.pdl, "us": dict(p.us), "versions": p.versions}
+           for p in h100.points[:40]]
+    assert tune.against_shipped(own, "sm_90", H100).startswith(
+        "the same pick as the shipped table (NVIDIA H100 80GB HBM3) at 40 of 40")
 
 
 def test_compare_tables_reports_both_directions_and_refuses_a_bad_table(tmp_path, capsys, monkeypatch):
@@ -179,3 +185,100 @@ def test_the_shipped_table_of_the_device_serves_and_an_unknown_device_is_estimat
     assert routing.shipped_for(routing.Device("NVIDIA H800", 114, "sm_90")) is None
     assert routing.nearest_shipped(routing.Device("NVIDIA H800", 114, "sm_90")) is shipped
     assert routing.nearest_shipped(routing.Device("NVIDIA H20 96GB", 80, "sm_90")) is h20
+
+
+H100 = routing.Device("NVIDIA H100 80GB HBM3", 132, "sm_90", 3350)
+
+
+def test_the_h100_reads_its_own_group_of_the_shipped_table(tuned_cache):
+    """The shipped table holds the H100 beside the H200: each reads its own measurements, exactly, and where
+    the two GPUs rank the candidates differently each gets its own pick."""
+    h200, h100 = routing.tables("sm_90")[:2]
+    assert (h200.device, h100.device) == ("NVIDIA H200", "NVIDIA H100 80GB HBM3") and h100.sms == 132
+    assert routing.shipped_for(H100) is h100 and routing.shipped_for(H200) is h200
+    differ = 0
+    for p in h100.points:
+        if p.versions != V074:
+            continue
+        dec = routing.lookup(p.op, dict(p.shape), p.m, p.pdl, H100)
+        assert dec.source == "shipped" and not dec.estimated and dec.match == "exact" and dec.point is p
+        other = routing.lookup(p.op, dict(p.shape), p.m, p.pdl, H200)
+        differ += other.point.us[0][0] != p.us[0][0]
+    assert differ > 0  # the H100 ranks differently at some points: the table keeps both
+
+
+@pytest.mark.parametrize("name,sms,gbps,nearest", [
+    ("NVIDIA H800", 132, 3350, "NVIDIA H100 80GB HBM3"),  # same SMs, the H100's bandwidth
+    ("NVIDIA H200 NVL", 132, 4800, "NVIDIA H200"),
+    ("NVIDIA GH200 144G HBM3e", 132, 4900, "NVIDIA H200"),
+    ("NVIDIA GH200 480GB", 132, 4000, "NVIDIA H100 80GB HBM3"),  # 4.0 TB/s: nearer the H100's 3.35 than 4.8
+    ("NVIDIA H100 PCIe", 114, 2000, "NVIDIA H100 80GB HBM3"),
+    ("NVIDIA H20", 78, 4000, "NVIDIA H100 80GB HBM3"),
+    ("NVIDIA H20", 78, None, "NVIDIA H200"),  # bandwidth unknown: the SM count alone, a tie kept in table order
+])
+def test_a_gpu_no_group_names_reads_the_nearest_by_sm_count_and_bandwidth(tuned_cache, name, sms, gbps, nearest):
+    device = routing.Device(name, sms, "sm_90", gbps)
+    assert routing.nearest_shipped(device).device == nearest
+    dec = routing.lookup(ROUTER, {"e": 256, "k": 7168, "out": "float32"}, 4, False, device)
+    assert dec.estimated and (dec.source == "estimate") == (sms != 132)
+    if sms == 132:
+        assert f"measured on {nearest}," in dec.match
+
+
+@pytest.mark.parametrize("name,clock,bus,gbps", [
+    ("NVIDIA H100 80GB HBM3", 2619000, 5120, 3352),  # memory clock (kHz) and bus width (bits) as torch reports them
+    ("NVIDIA H100 PCIe", 0, 0, 2000), ("NVIDIA H20", 0, 0, 4000), ("NVIDIA H200", 0, 0, 4800),
+    ("NVIDIA GH200 480GB", 0, 0, 4000), ("NVIDIA GH200 144G HBM3e", 0, 0, 4900), ("NVIDIA RTX PRO 6000", 0, 0, None),
+])
+def test_a_devices_memory_bandwidth_comes_from_its_properties_else_its_name(name, clock, bus, gbps):
+    from slim_kernel.decision import memory_gbps
+
+    assert memory_gbps(name, clock, bus) == gbps
+
+
+@pytest.mark.parametrize("device,own", [(H100, True), (routing.Device("NVIDIA H20", 78, "sm_90", 4000), False)],
+                         ids=["H100", "H20"])
+def test_info_says_whose_measurements_route_the_gpu(monkeypatch, capsys, device, own):
+    import torch
+
+    import slim_kernel.ops  # noqa: F401
+    from slim_kernel import cli, devices, info, registry
+
+    monkeypatch.setattr(registry, "arch", lambda d: "sm_90")
+    monkeypatch.setattr(registry, "_capability", lambda index: (9, 0))
+    monkeypatch.setattr(devices, "routing_device", lambda d: device)
+    shipped = info._tables(torch.device("cuda", 0))["shipped"]
+    if own:
+        assert shipped == {"device": device.name, "rule": "this GPU's own measurements"}
+    else:
+        assert shipped["device"] == "NVIDIA H100 80GB HBM3" and shipped["rule"].startswith("the estimate, placed on its 78 SMs")
+    rows = info._picks(torch.device("cuda", 0))
+    sources = {r["source"] for r in rows if r["shape"] == {"e": 256, "k": 7168, "out": "float32"}}
+    assert sources == ({"shipped"} if own else {"estimate"})
+    assert all(r["estimate"] != own for r in rows if r["shape"] == {"e": 256, "k": 7168, "out": "float32"})
+
+    collect = info.collect
+
+    def with_the_gpu(shapes=None):  # the report of a machine with this GPU (its picks are checked above)
+        report, errors = collect(shapes)
+        report["devices"].append({"device": "cuda:0", "name": device.name, "capability": "9.0", "sms": device.sms,
+                                  "ops": {}, "routing_tables": info._tables(torch.device("cuda", 0)), "picks": []})
+        return report, errors
+    monkeypatch.setattr(info, "collect", with_the_gpu)
+    capsys.readouterr()
+    assert cli.main(["info"]) == 0
+    out = capsys.readouterr().out
+    assert "; ".join(f"{t.device}, {len(t.points)} points" for t in routing.tables("sm_90")) in out  # both GPUs
+    rule = "this GPU's own measurements" if own else "the estimate, placed on its 78 SMs"
+    assert f"  shipped table for this GPU: NVIDIA H100 80GB HBM3 ({rule}" in out, out
+
+
+def test_the_estimate_on_the_h100_learns_its_own_group_first_then_shapes_only_the_h200_measured(tuned_cache):
+    h200, h100 = routing.tables("sm_90")[:2]
+    assert routing.shipped_by_nearness(H100) == [h100, h200] and routing.shipped_by_nearness(H200) == [h200, h100]
+    only = next(p for p in h200.points if p.op == ROUTER and p.versions == V074 and not p.pdl and p.m == 4
+                and h100.point(p.op, dict(p.shape), p.m, p.versions, p.pdl) is None)  # a shape the H100 runs lack
+    dec = routing.lookup(ROUTER, dict(only.shape), 4, False, H100)
+    shapes = len({p.shape for p in h200.points if p.op == ROUTER and p.versions == V074 and not p.pdl and p.m == 4})
+    assert dec.source == "estimate" and f"at the {shapes} measured shapes" in dec.match  # the H200's shapes count too
+    assert dec.point.us[0][0] == only.us[0][0]  # the H200's fastest at that very shape leads

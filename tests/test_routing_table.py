@@ -19,11 +19,15 @@ from slim_kernel.names import FUSED_A, ROUTER
 BACKENDS = {b.value for b in registry.KernelBackend}
 
 
-@pytest.fixture(scope="module")
-def table():
-    tab = routing.table("sm_90")
-    assert tab is not None, "python/slim_kernel/tables/routing_sm90.json is missing"
-    return tab
+DEVICES = ["NVIDIA H200", "NVIDIA H100 80GB HBM3"]  # the GPUs the shipped table measured, the reference first
+
+
+@pytest.fixture(scope="module", params=DEVICES, ids=["H200", "H100"])
+def table(request):
+    """Each measured GPU's part of the shipped table."""
+    found = {t.device: t for t in routing.tables("sm_90")}
+    assert list(found) == DEVICES, "python/slim_kernel/tables/routing_sm90.json holds the H200, then the H100"
+    return found[request.param]
 
 
 MEASURED_MS = set(models.MEASURED_MS)
@@ -50,16 +54,19 @@ def test_every_measured_model_shape_is_complete_at_every_m_both_contexts_and_ver
                 ms = points.get((*key, versions, pdl), set())
                 assert ms >= MEASURED_MS, f"{named[key].label()} {versions} pdl={pdl}: missing M {sorted(MEASURED_MS - ms)}"
     more = measured - set(named)  # shapes the checks of the estimate measured (bench_gemm.py --unnamed-*)
-    assert more, "the table holds shapes no model names"
+    assert more or table.device != DEVICES[0], "the table holds shapes no model names"
     for op, shape in more:
         for versions in {v for o, s, v, _ in points if (o, s) == (op, shape)}:
             assert points[(op, shape, versions, True)] == points[(op, shape, versions, False)] != set(), (op, shape)
 
 
-def test_a_schema_1_table_gives_the_same_pick_at_every_point(table):
-    """The loader reads v1 tables (tuned tables in users' caches are v1): the shipped table written back
-    as v1 (one ``flashinfer`` column per entry) routes every point to the same candidates."""
+@pytest.mark.parametrize("device", [0, 1], ids=["H200", "H100"])
+def test_a_schema_1_table_gives_the_same_pick_at_every_point(device):
+    """The loader reads v1 tables (tuned tables in users' caches are v1): each device's part of the shipped
+    table written back as v1 (one ``flashinfer`` column per entry) routes every point to the same candidates."""
+    table = routing.tables("sm_90")[device]
     data = json.loads(resources.files("slim_kernel").joinpath("tables", "routing_sm90.json").read_text())
+    data["measurements"] = [g for g in data["measurements"] if g["device"] == table.device]
     group = data["measurements"][0]
     v1 = {"schema": 1, "arch": group["arch"], "device": group["device"], "sms": group["sms"],
           "entries": [{**e, "flashinfer": dict(e["versions"])["flashinfer"]} for e in routing.flat_entries(data)]}
@@ -104,7 +111,7 @@ def test_selection_is_deterministic(table):
         assert [u for _, u in p.us] == sorted(u for _, u in p.us)
 
 
-def test_table_file_is_what_make_routing_writes(table):
+def test_table_file_is_what_make_routing_writes():
     from importlib import resources
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmark"))
@@ -114,18 +121,41 @@ def test_table_file_is_what_make_routing_writes(table):
     assert make_routing.dumps_table(json.loads(text)) == text
 
 
-def test_make_routing_without_arguments_reproduces_the_committed_table_and_summary(tmp_path):
+def test_make_routing_without_arguments_reproduces_the_committed_table_and_summaries(tmp_path):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmark"))
     import make_routing
 
-    table, summary = tmp_path / "table.json", tmp_path / "summary.json"
-    assert make_routing.main(["--table", str(table), "--summary", str(summary)]) == 0
+    table = tmp_path / "table.json"
+    assert make_routing.main(["--table", str(table), "--summaries", str(tmp_path)]) == 0
     assert table.read_bytes() == make_routing.TABLE.read_bytes()
-    assert summary.read_bytes() == make_routing.SUMMARY.read_bytes()
+    for gpu in make_routing.RESULTS:  # one summary per GPU folder, beside its runs
+        name = Path(gpu, make_routing.SUMMARY_NAME)
+        assert (tmp_path / name).read_bytes() == (make_routing.RESULTS_ROOT / name).read_bytes(), name
     groups = json.loads(table.read_text())["measurements"]
-    assert {g["versions"]["flashinfer"] for g in groups} == MEASURED_VERSIONS
-    assert all(g["device"] == "NVIDIA H200" and g["sms"] == 132 for g in groups)
-    assert all(g["command"].startswith("python3 benchmark/bench_gemm.py") for g in groups)
+    assert {(g["device"], g["versions"]["flashinfer"]) for g in groups} == {
+        (device, v) for device in ("NVIDIA H200", "NVIDIA H100 80GB HBM3") for v in MEASURED_VERSIONS}
+    assert groups[0]["device"] == "NVIDIA H200"  # the first folder's GPU stays the arch's reference
+    assert all(g["sms"] == 132 and g["command"].startswith("python3 benchmark/bench_gemm.py") for g in groups)
+
+
+def test_the_h100_summary_says_what_the_h100_group_picks_and_the_h200_summary_is_as_measured():
+    """The H100 runs' default read the H200 table: their summary rows add the H100 group's pick and its time in
+    the same run, which is the fastest of our columns there (the group is made of those rows)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmark"))
+    import make_routing
+
+    h100 = json.loads((make_routing.RESULTS_ROOT / "h100" / make_routing.SUMMARY_NAME).read_text())["rows"]
+    h200 = json.loads(make_routing.SUMMARY.read_text())["rows"]
+    assert len(h100) == 1200 and all("table_backend" in r for r in h100)
+    assert not any("table_backend" in r for r in h200)
+    runs = make_routing.merge_reports([make_routing.read_json(make_routing.RESULTS_ROOT / "h100" / name)
+                                       for name in make_routing.RESULTS["h100"]])
+    group = next(t for t in routing.tables("sm_90") if t.device == "NVIDIA H100 80GB HBM3")
+    for run in runs:
+        versions = tuple(sorted(make_routing.group_header(run)["versions"].items()))
+        for row in run["rows"]:
+            ours = make_routing.candidates(row["op"], row["us"], row["shape"])
+            assert make_routing.table_pick(row, versions, group)[1] == min(ours.values()), row["shape"]
 
 
 def test_make_routing_merges_runs_of_one_version_point_by_point():

@@ -56,12 +56,29 @@ class Decision:
         return f"{label} {us:.2f} us ({what}) at {self.point.describe()} ({self.match})"
 
 
+# Peak memory bandwidth (GB/s) of GPUs by name, where torch does not report memory clock and bus width:
+# the estimate's nearness of a GPU to the measured ones (the first name contained in the device's wins).
+MEMORY_GBPS = {"H100 PCIe": 2000, "H100 NVL": 3900, "H100": 3350, "H800": 3350, "H20": 4000, "H200": 4800,
+               "GH200": 4000,
+               "GH200 144G": 4900}
+
+
+def memory_gbps(name: str, clock_khz: int = 0, bus_bits: int = 0) -> float | None:
+    """A GPU's peak memory bandwidth in GB/s: from its memory clock and bus width where known (double data
+    rate), else ``MEMORY_GBPS`` by name, else None."""
+    if clock_khz > 0 and bus_bits > 0:
+        return round(2 * clock_khz * 1e3 * bus_bits / 8 / 1e9)
+    return next((gbps for key, gbps in sorted(MEMORY_GBPS.items(), key=lambda kv: -len(kv[0])) if key in name), None)
+
+
 @dataclass(frozen=True)
 class Device:
-    """What selection needs to know of a GPU: its name, SM count and arch (``sm_90``)."""
+    """What selection needs to know of a GPU: its name, SM count, arch (``sm_90``) and peak memory bandwidth
+    (GB/s; None where unknown): what decides which measurements stand nearest its own."""
     name: str
     sms: int
     arch: str
+    memory_gbps: float | None = None
 
 
 def shape_items(shape: dict) -> tuple[tuple[str, object], ...]:

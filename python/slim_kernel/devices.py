@@ -31,7 +31,7 @@ from collections.abc import Callable
 
 import torch
 
-from .decision import Device
+from .decision import Device, memory_gbps
 
 _get_device = getattr(torch._C, "_cuda_getDevice", None)  # ~50 ns; torch.cuda.current_device() adds a lazy-init check
 
@@ -99,9 +99,10 @@ def on_device(fn: Callable, device: torch.device | None = None) -> Callable:
 @functools.cache
 def _routing_device(index: int) -> Device:
     props = torch.cuda.get_device_properties(index)
-    return Device(props.name, props.multi_processor_count, f"sm_{props.major}{props.minor}")
+    gbps = memory_gbps(props.name, getattr(props, "memory_clock_rate", 0) or 0, getattr(props, "memory_bus_width", 0) or 0)
+    return Device(props.name, props.multi_processor_count, f"sm_{props.major}{props.minor}", gbps)
 
 
 def routing_device(device: torch.device) -> Device:
-    """The GPU as the routing tables key it (name, SM count, arch)."""
+    """The GPU as the routing tables key it (name, SM count, arch, peak memory bandwidth)."""
     return _routing_device(device.index if device.index is not None else torch.cuda.current_device())

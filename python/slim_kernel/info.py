@@ -136,9 +136,16 @@ def _tables(device=None) -> dict:
         tab = routing.table(arch)
         out[arch] = None if tab is None else {
             "source": tab.source, "device": tab.device, "sms": tab.sms, "entries": len(tab.points),
-            "flashinfer_versions": tab.versions_of("flashinfer"), "generated_by": tab.generated_by}
+            "flashinfer_versions": tab.versions_of("flashinfer"), "generated_by": tab.generated_by,
+            "devices": [{"device": t.device, "sms": t.sms, "memory_gbps": t.memory_gbps, "entries": len(t.points)}
+                        for t in routing.tables(arch)]}
     if device is not None:
         rdev = devices.routing_device(device)
+        own, near = routing.shipped_for(rdev), routing.nearest_shipped(rdev)
+        out["shipped"] = None if near is None else {
+            "device": near.device, "rule": "this GPU's own measurements" if own is not None and own.device == rdev.name
+            else "another GPU's of its SM count (an estimate)" if own is not None
+            else f"the estimate, placed on its {rdev.sms} SMs, learning from the nearest GPU's"}
         path = routing.tuned_path(rdev, routing.installed_versions())
         tuned = routing.tuned_table(rdev, routing.installed_versions())
         out["tuned"] = {"path": str(path), "exists": path.exists(), "used": tuned is not None,
@@ -282,8 +289,9 @@ def run(args) -> int:
     _print_coverage(report["jit_cache_coverage"])
     print("  knobs: " + ", ".join(f"{k}={v}" for k, v in report["knobs"].items() if v is not None))
     for name, tab in report["routing_tables"].items():
-        print(f"  routing table {name}: " + (f"{tab['source']} ({tab['device']}, {tab['entries']} points, "
-                                             f"flashinfer {', '.join(tab['flashinfer_versions'])})" if tab else "none"))
+        measured = "; ".join(f"{d['device']}, {d['entries']} points" for d in tab["devices"]) if tab else ""
+        print(f"  routing table {name}: " + (f"{tab['source']} ({measured}; flashinfer "
+                                             f"{', '.join(tab['flashinfer_versions'])})" if tab else "none"))
     for note in report["notes"]:
         print(f"  note: {note}")
     for dev in report["devices"]:
@@ -294,6 +302,9 @@ def run(args) -> int:
             for i, row in enumerate(rows, 1):
                 state = "eligible" if row["eligible"] else f"no: {row['reason']}"
                 print(f"    {i}. {row['backend']:<10} {state}   [{row['note']}]")
+        shipped = dev.get("routing_tables", {}).get("shipped")
+        if shipped:
+            print(f"  shipped table for this GPU: {shipped['device']} ({shipped['rule']})")
         tuned = dev.get("routing_tables", {}).get("tuned")
         if tuned:
             state = f"used, {tuned['entries']} points" if tuned["used"] else \

@@ -13,12 +13,14 @@ source that has the call, in this order:
    by device name, SM count and library versions; another device's or version's is never read). Its
    shapes and M exactly; a table that does not parse is refused with one warning.
 2. **shipped**: ``tables/routing_<arch>.json``, generated from the committed decode-step runs
-   (``benchmark/make_routing.py``), one table per measured device: this device's (by name), else one
-   of the same SM count (another GPU's numbers: marked as an estimate); the call's shape exactly, the
+   (``benchmark/make_routing.py``), one table per measured device (the H200 and the H100 on sm_90): this
+   device's (by name), else the nearest one of the same SM count (another GPU's numbers: marked as an
+   estimate; nearness: ``device_distance``, SM count and memory bandwidth); the call's shape exactly, the
    installed versions or the nearest measured ones, the nearest measured M within 8.
 3. **estimate**: for a shape no table measured, or a device no shipped table matches, every
-   candidate's µs from the measured shapes of the op (``estimate.py``; the shipped table of the
-   nearest SM count), marked as an estimate.
+   candidate's µs from the measured shapes of the op (``estimate.py``: placed on this device's SMs; the
+   shipped tables nearest device first, a shape of a farther one where the nearer lack it), marked as an
+   estimate.
 4. nothing: the op's priority order.
 
 ``slim-kernel info`` says which source decides each shape and M, and that ``slim-kernel tune``
@@ -47,6 +49,7 @@ MAX_US = 1e6  # a candidate slower than a second per call is not a measurement o
 M_REACH = 8  # how far (in M) a measured point stands in for an unmeasured one of the same shape
 NOT_INSTALLED = "not installed"
 ENTRY_KEYS = {"op", "shape", "m", "pdl", "us"}
+READ_SHARE = 0.89  # of its peak memory bandwidth a GPU reads in the benchmark (H100 0.91, H200 0.88: measured)
 DEVICE_KEYS = ("device", "arch", "sms")  # what keys a measurement group's device (memory_gbps: optional, shown)
 
 
@@ -246,17 +249,36 @@ def table(arch: str) -> Table | None:
 
 
 def shipped_for(device: Device) -> Table | None:
-    """The shipped table measured on ``device``: the same device name, else the same SM count (another
-    GPU's numbers: an estimate), else None (the estimate re-derives the numbers for its SM count)."""
+    """The shipped table measured on ``device``: the same device name, else the nearest (``device_distance``)
+    of the same SM count (another GPU's numbers: an estimate), else None (the estimate re-derives the
+    numbers for its SM count)."""
     found = tables(device.arch)
-    return next((t for t in found if t.device == device.name and t.sms in (None, device.sms)),
-                next((t for t in found if t.sms in (None, device.sms)), None))
+    same = [t for t in found if t.sms in (None, device.sms)]
+    return next((t for t in same if t.device == device.name),
+                min(same, key=lambda t: device_distance(device, t), default=None))
 
 
 def nearest_shipped(device: Device) -> Table | None:
-    """The shipped table the estimate learns from: the device's own, else the one of the nearest SM count."""
-    found = tables(device.arch)
-    return shipped_for(device) or min(found, key=lambda t: abs((t.sms or device.sms) - device.sms), default=None)
+    """The shipped table the estimate learns from first: the device's own, else the nearest one (``device_distance``)."""
+    return next(iter(shipped_by_nearness(device)), None)
+
+
+def shipped_by_nearness(device: Device) -> list[Table]:
+    """Every shipped table of the device's arch, ``shipped_for``'s first, then by ``device_distance``: what the
+    estimate learns from (a shape the nearer ones lack comes from a farther one)."""
+    first = shipped_for(device)
+    rest = sorted((t for t in tables(device.arch) if t is not first), key=lambda t: device_distance(device, t))
+    return ([first] if first is not None else []) + rest
+
+
+def device_distance(device: Device, tab: Table) -> float:
+    """How far a table's GPU stands from ``device``: |log SM-count ratio| + |log memory-bandwidth ratio| (the
+    table's measured read bandwidth over ``READ_SHARE`` against the device's peak), a term dropped where either
+    side does not know it; ties keep the table order."""
+    far = abs(math.log((tab.sms or device.sms) / device.sms))
+    if device.memory_gbps and tab.memory_gbps:
+        far += abs(math.log(tab.memory_gbps / READ_SHARE / device.memory_gbps))
+    return far
 
 
 def slug(text: str) -> str:
@@ -321,7 +343,7 @@ def lookup(op: str, shape: dict, m: int, pdl: bool, device: Device) -> Decision 
 
 @cache
 def _estimate(op: str, shape: tuple, m: int, pdl: bool, device: Device, versions: tuple) -> Decision | None:
-    learn = [t for t in (tuned_table(device, versions), nearest_shipped(device)) if t is not None]
+    learn = [t for t in (tuned_table(device, versions), *shipped_by_nearness(device)) if t is not None]
     return estimate(op, dict(shape), m, pdl, device, learn, versions, backend.Geometry.installed(op, device.arch))
 
 

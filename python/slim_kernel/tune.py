@@ -323,12 +323,13 @@ def describe_costs(costs: list[float], other: str) -> str:
             f"{max(costs):.2f}x this one's ({sum(c > 1.02 for c in costs)} points over 1.02x)")
 
 
-def against_shipped(entries: list[dict], arch: str) -> str | None:
-    """How the tuned picks compare with the shipped table's where both measured: how often they agree,
-    and what the shipped pick (what selection ran before this tune) costs by the tuned times."""
+def against_shipped(entries: list[dict], arch: str, device=None) -> str | None:
+    """How the tuned picks compare with the shipped table's where both measured (``device``'s group, the one
+    selection reads on it; else the arch's reference device's): how often they agree, and what the shipped
+    pick (what selection ran before this tune) costs by the tuned times."""
     from . import routing
 
-    shipped = routing.table(arch)
+    shipped = routing.nearest_shipped(device) if device is not None else routing.table(arch)
     costs = pick_costs(entries, shipped) if shipped else []
     return describe_costs(costs, f"the shipped table ({shipped.device})") if costs else None
 
@@ -357,7 +358,9 @@ def run(args) -> int:
         print(f"note: {note}", file=sys.stderr)
     from . import routing
 
-    comparison = against_shipped(routing.flat_entries(data), data["measurements"][0]["arch"])
+    group = data["measurements"][0]
+    comparison = against_shipped(routing.flat_entries(data), group["arch"],
+                                 routing.Device(group["device"], group["sms"], group["arch"]))
     print(f"tune: {len(shapes)} shapes x {len(ms)} M measured in {time.perf_counter() - start:.0f} s; "
           f"{len(data['measurements'][0]['entries'])} points in {path}" + (f"; {comparison}" if comparison else ""))
     return 0
