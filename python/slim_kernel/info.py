@@ -155,7 +155,7 @@ def _flashinfer_note() -> str | None:
     from . import routing
 
     installed, tab = routing.flashinfer_version(), routing.table("sm_90")
-    if installed is None or tab is None or installed in tab.versions:
+    if installed is None or tab is None or routing.measured_as(installed) in tab.versions:
         return None
     return (f"flashinfer {installed} is not one of the measured versions ({', '.join(tab.versions)}): routing uses "
             "the nearest measured version's numbers (the bmm_fp8 fast path checks itself)")

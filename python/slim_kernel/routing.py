@@ -122,7 +122,7 @@ class Table:
         """The measured point of this shape: the installed flashinfer version or the nearest one
         measured, the nearest M within M_REACH (``inside``: and M within the measured ones' range);
         None when the shape was not measured."""
-        shape_t = _shape_items(shape)
+        shape_t, own = _shape_items(shape), measured_as(flashinfer)
         for version in self.versions_by_distance(flashinfer):
             ms = self._ms.get((op, shape_t, version, pdl))
             if not ms:
@@ -130,7 +130,7 @@ class Table:
             near = min(ms, key=lambda x: (abs(x - m), x))
             if abs(near - m) > M_REACH or (inside and not min(ms) <= m <= max(ms)):
                 continue
-            notes = [] if version == flashinfer else [f"flashinfer {flashinfer or 'not installed'}: "
+            notes = [] if version == own else [f"flashinfer {flashinfer or 'not installed'}: "
                                                       f"using the {version} measurements"]
             if near != m:
                 notes.append(f"M={m} not measured: the nearest measured M={near}")
@@ -144,7 +144,7 @@ class Table:
     def versions_by_distance(self, flashinfer: str | None) -> list[str]:
         if flashinfer is None:
             return self.versions[::-1]
-        want = version_key(flashinfer)
+        want = version_key(measured_as(flashinfer))
         return sorted(self.versions, key=lambda v: (_distance(version_key(v), want), version_key(v)))
 
 
@@ -172,6 +172,18 @@ def _validate(data, source: str) -> None:
                 isinstance(c, str) and isinstance(u, (int, float)) and not isinstance(u, bool)
                 and math.isfinite(u) and 0 < u < MAX_US for c, u in us.items()):
             raise ValueError(f"{where}: us must map candidate names to finite times in (0, {MAX_US:g}) us")
+
+
+# flashinfer releases that run the very kernels and dispatch of a measured one for these ops read its
+# measurements as their own (no "nearest version" note). 0.7.2 and 0.7.2.post1: the tinygemm, router
+# GEMM and bmm_fp8 sources, routergemm.py, bmm_fp8's Python and the cuBLAS runner it builds for
+# backend="cublas" are identical (file and function hashes: benchmark/results/flashinfer_0.7.2_vs_post1.md).
+SAME_KERNELS = {"0.7.2": "0.7.2.post1"}
+
+
+def measured_as(flashinfer: str | None) -> str | None:
+    """The measured flashinfer release whose numbers ``flashinfer`` reads as its own (itself if none)."""
+    return SAME_KERNELS.get(flashinfer, flashinfer) if flashinfer else flashinfer
 
 
 def version_key(version: str) -> tuple[int, ...]:
