@@ -307,13 +307,14 @@ _STEP = re.compile(r"^\s*\[\s*(\d+)/(\d+)\]")  # ninja's "[12/47] Building CUDA 
 
 def _run_with_progress(session: nox.Session, cmd: list[str], env: dict, what: str) -> int:
     """Run ``cmd`` in the session's environment: on a terminal one progress line updated in place (the
-    build steps ninja reports), elsewhere nothing until the caller's summary line; the last lines of
-    the output when it fails. Returns the number of build steps seen."""
+    build steps ninja reports), elsewhere (CI logs) a line every 30 s; the last lines of the output when
+    it fails. Returns the number of build steps seen."""
     tty = sys.stdout.isatty()
     full_env = {**os.environ, **env, "VIRTUAL_ENV": str(Path(session.bin).parent),
                 "PATH": os.pathsep.join([session.bin, os.environ.get("PATH", "")])}
     tail: collections.deque = collections.deque(maxlen=60)
     start, steps = time.perf_counter(), 0
+    said = start
     with subprocess.Popen([str(Path(session.bin) / cmd[0]), *cmd[1:]], cwd=ROOT, env=full_env, text=True,
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT) as proc:
         for line in proc.stdout:
@@ -321,9 +322,12 @@ def _run_with_progress(session: nox.Session, cmd: list[str], env: dict, what: st
             step = _STEP.match(line)
             if step:
                 steps = int(step[1])
+                now = time.perf_counter()
                 if tty:
-                    print(f"\r  {what}: build step {step[1]}/{step[2]}, {time.perf_counter() - start:.0f} s",
-                          end="", flush=True)
+                    print(f"\r  {what}: build step {step[1]}/{step[2]}, {now - start:.0f} s", end="", flush=True)
+                elif now - said >= 30:
+                    said = now
+                    session.log(f"{what}: build step {step[1]}/{step[2]}, {now - start:.0f} s")
     if tty and steps:
         print()
     if proc.returncode:
