@@ -18,7 +18,7 @@ def test_a_long_test_gets_heartbeat_lines(tmp_path, every, lines):
     env = dict(os.environ, SLIM_KERNEL_TEST_HEARTBEAT_S=every,
                PYTHONPATH=os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")])))
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "_heartbeat", "-p", "no:cacheprovider",
-                           str(tmp_path / "test_slow_step.py")], capture_output=True, text=True, env=env,
+                           "--rootdir", str(tmp_path), str(tmp_path / "test_slow_step.py")], capture_output=True, text=True, env=env,
                           cwd=tmp_path, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     beats = [line for line in proc.stdout.splitlines() if line.startswith("[heartbeat ")]
@@ -26,4 +26,5 @@ def test_a_long_test_gets_heartbeat_lines(tmp_path, every, lines):
         assert beats == []
         return
     assert len(beats) >= 2, proc.stdout
-    assert all("still in test_slow_step.py::test_slow_step (" in b and "0 of 2 tests done" in b for b in beats), beats
+    # the node id is relative to the rootdir pytest settles on (a tmp dir may lie inside the checkout)
+    assert all("test_slow_step.py::test_slow_step (" in b and "0 of 2 tests done" in b for b in beats), beats
