@@ -187,8 +187,19 @@ def _test_wheel(session: nox.Session, torch_args: list[str], pytest_args: list[s
                     str(tmp / "pytest"), *pytest_args, env=env)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-        session.log(f"removed the test run's temp files ({tmp}); the session's environment stays: "
-                    f"{_du(Path(session.virtualenv.location))}")
+        _drop_environment(session, f"removed the test run's temp files ({tmp})")
+
+
+def _drop_environment(session: nox.Session, done: str) -> None:
+    """Remove the session's environment (over 1 GB with torch) unless nox was asked to reuse it (-r,
+    --reuse-existing-virtualenvs): without that nox makes it anew on the next run anyway."""
+    venv = Path(session.virtualenv.location)
+    if getattr(session.virtualenv, "reuse_existing", False):
+        session.log(f"{done}; the session's environment stays for reuse (-r): {_du(venv)}")
+        return
+    size = _du(venv)
+    shutil.rmtree(venv, ignore_errors=True)
+    session.log(f"{done} and the session's environment ({size}; -r keeps it for the next run)")
 
 
 def _du(path: Path) -> str:
