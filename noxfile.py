@@ -18,6 +18,7 @@ import json
 import os
 import re
 import runpy
+import shutil
 import subprocess
 import sys
 import time
@@ -44,6 +45,8 @@ BASELINE_STAMP = BASELINE_DIST / ".source-hash"
 # dtype, about a minute) or "full" (the whole catalogue, about 20 minutes on 2 cores).
 ENV_AOT_SET = "SLIM_KERNEL_AOT_SET"
 CPU_TORCH = PYPROJECT["tool"]["slim-kernel"]["test-torch"]  # a pinned CPU build: never an unpinned torch
+# stdlib-only: where PyTorch's CPU index answers, the test torch comes from there (tools/cpu_torch.py)
+TORCH_INDEX = runpy.run_path(str(ROOT / "tools" / "cpu_torch.py"))
 # What audit/size install besides the wheel (installed --no-deps): its dependencies and the audit
 # extra, less torch and the CUDA bindings, which the audit never imports.
 AUDIT_SKIPS = ("torch", "cuda-bindings")
@@ -118,8 +121,11 @@ def build(session: nox.Session) -> None:
 
 @nox.session
 def test(session: nox.Session) -> None:
-    """Install the built wheel (never the source tree) into a fresh env and run pytest."""
-    _test_wheel(session, [CPU_TORCH], session.posargs)
+    """Install the built wheel (never the source tree) into a fresh env with a CPU torch and run pytest."""
+    args, how, index = TORCH_INDEX["pip_args"](CPU_TORCH)
+    session.log(f"torch: {how}")
+    _test_wheel(session, args, session.posargs, pytest_env={TORCH_INDEX["ENV"]: index},
+                fallback=[CPU_TORCH] if args != [CPU_TORCH] else None)
 
 
 @nox.session(name="torch-floor")
@@ -152,11 +158,20 @@ def _torch_version(session: nox.Session) -> str:
     return session.run("python", "-c", "import torch; print(torch.__version__)", silent=True).strip().splitlines()[-1]
 
 
-def _test_wheel(session: nox.Session, torch_args: list[str], pytest_args: list[str], pip_env: dict | None = None) -> None:
-    """torch first (so that the wheel's torch>=X never resolves to another build), then the wheel with its
-    test extra, which must leave that torch as it is; then info, the audit of the wheel and pytest."""
+def _test_wheel(session: nox.Session, torch_args: list[str], pytest_args: list[str], pip_env: dict | None = None,
+                pytest_env: dict | None = None, fallback: list[str] | None = None) -> None:
+    """torch first (so that the wheel's torch>=X never resolves to another build; ``fallback`` where
+    ``torch_args`` fail), then the wheel with its test extra, which must leave that torch as it is; then
+    info, the audit of the wheel and pytest, whose temp files (basetemp, JIT cache, pip cache) are
+    removed afterwards."""
     wheel = _fresh_wheel(session)
-    session.install(*torch_args, env=pip_env)
+    try:
+        session.install(*torch_args, env=pip_env)
+    except nox.command.CommandFailed:
+        if fallback is None:
+            raise
+        session.warn(f"installing {' '.join(torch_args)} failed: installing {' '.join(fallback)} instead")
+        session.install(*fallback, env=pip_env)
     torch = _torch_version(session)
     session.install(f"{wheel}[test]", env=pip_env)  # what `pip install ".[test]"` installs (flashinfer is an extra)
     session.install("--no-deps", "--force-reinstall", str(wheel), env=pip_env)  # exactly this wheel in a reused env
@@ -165,9 +180,31 @@ def _test_wheel(session: nox.Session, torch_args: list[str], pytest_args: list[s
     session.log(f"testing {wheel.name} on torch {torch}")
     session.run("slim-kernel", "info")
     session.run("slim-kernel", "audit", "--no-progress", str(wheel))  # the wheel under test holds no AOT code
-    tmp = session.create_tmp()
-    session.run("python", "-m", "pytest", str(ROOT / "tests"), "-p", "no:cacheprovider", "--basetemp",
-                os.path.join(tmp, "pytest"), *pytest_args, env={"SLIM_KERNEL_CACHE_DIR": os.path.join(tmp, "jit")})
+    tmp = Path(session.create_tmp())
+    env = {"SLIM_KERNEL_CACHE_DIR": str(tmp / "jit"), "PIP_CACHE_DIR": str(tmp / "pip-cache"), **(pytest_env or {})}
+    try:
+        session.run("python", "-m", "pytest", str(ROOT / "tests"), "-p", "no:cacheprovider", "--basetemp",
+                    str(tmp / "pytest"), *pytest_args, env=env)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+        _drop_environment(session, f"removed the test run's temp files ({tmp})")
+
+
+def _drop_environment(session: nox.Session, done: str) -> None:
+    """Remove the session's environment (over 1 GB with torch) unless nox was asked to reuse it (-r,
+    --reuse-existing-virtualenvs): without that nox makes it anew on the next run anyway."""
+    venv = Path(session.virtualenv.location)
+    if getattr(session.virtualenv, "reuse_existing", False):
+        session.log(f"{done}; the session's environment stays for reuse (-r): {_du(venv)}")
+        return
+    size = _du(venv)
+    shutil.rmtree(venv, ignore_errors=True)
+    session.log(f"{done} and the session's environment ({size}; -r keeps it for the next run)")
+
+
+def _du(path: Path) -> str:
+    total = sum(f.stat().st_size for f in path.rglob("*") if f.is_file() and not f.is_symlink())
+    return f"{path} {total / 2**30:.2f} GiB"
 
 
 @nox.session
@@ -281,13 +318,14 @@ _STEP = re.compile(r"^\s*\[\s*(\d+)/(\d+)\]")  # ninja's "[12/47] Building CUDA 
 
 def _run_with_progress(session: nox.Session, cmd: list[str], env: dict, what: str) -> int:
     """Run ``cmd`` in the session's environment: on a terminal one progress line updated in place (the
-    build steps ninja reports), elsewhere nothing until the caller's summary line; the last lines of
-    the output when it fails. Returns the number of build steps seen."""
+    build steps ninja reports), elsewhere (CI logs) a line every 30 s; the last lines of the output when
+    it fails. Returns the number of build steps seen."""
     tty = sys.stdout.isatty()
     full_env = {**os.environ, **env, "VIRTUAL_ENV": str(Path(session.bin).parent),
                 "PATH": os.pathsep.join([session.bin, os.environ.get("PATH", "")])}
     tail: collections.deque = collections.deque(maxlen=60)
     start, steps = time.perf_counter(), 0
+    said = start
     with subprocess.Popen([str(Path(session.bin) / cmd[0]), *cmd[1:]], cwd=ROOT, env=full_env, text=True,
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT) as proc:
         for line in proc.stdout:
@@ -295,9 +333,12 @@ def _run_with_progress(session: nox.Session, cmd: list[str], env: dict, what: st
             step = _STEP.match(line)
             if step:
                 steps = int(step[1])
+                now = time.perf_counter()
                 if tty:
-                    print(f"\r  {what}: build step {step[1]}/{step[2]}, {time.perf_counter() - start:.0f} s",
-                          end="", flush=True)
+                    print(f"\r  {what}: build step {step[1]}/{step[2]}, {now - start:.0f} s", end="", flush=True)
+                elif now - said >= 30:
+                    said = now
+                    session.log(f"{what}: build step {step[1]}/{step[2]}, {now - start:.0f} s")
     if tty and steps:
         print()
     if proc.returncode:

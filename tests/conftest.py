@@ -7,6 +7,8 @@ from pathlib import Path
 import pytest
 import torch
 
+pytest_plugins = ["_heartbeat"]  # a line every 20 s while one test runs long (CI logs)
+
 
 @functools.cache
 def _compiler_problem(name: str) -> str | None:

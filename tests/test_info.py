@@ -114,7 +114,8 @@ def test_picks_cover_both_launch_contexts_under_auto(monkeypatch):
         knobs.set_pdl(old)
 
 
-@pytest.mark.parametrize("installed,note", [("0.7.5", True), ("0.7.4", False), (None, False)])
+@pytest.mark.parametrize("installed,note", [("0.7.5", True), ("0.7.4", False), ("0.7.2", False), ("0.7.3", True),
+                                            (None, False)])
 def test_info_names_a_flashinfer_outside_the_measured_versions(in_process, monkeypatch, installed, note):
     from slim_kernel import info, routing
 
@@ -124,6 +125,52 @@ def test_info_names_a_flashinfer_outside_the_measured_versions(in_process, monke
     assert code == 0 and bool(notes) is note
     if note:
         measured = ", ".join(routing.table("sm_90").versions_of("flashinfer"))
-        assert notes == [f"flashinfer 0.7.5 is not one of the measured versions ({measured}): routing uses "
+        assert notes == [f"flashinfer {installed} is not one of the measured versions ({measured}): routing uses "
                          "the nearest measured version's numbers (the bmm_fp8 fast path checks itself)"]
-        assert "  note: flashinfer 0.7.5 is not one of the measured versions" in in_process()[1]
+        assert f"  note: flashinfer {installed} is not one of the measured versions" in in_process()[1]
+
+
+def test_the_short_form_says_what_runs_and_each_reason_once(in_process):
+    code, short = in_process()
+    assert code == 0
+    _, verbose = in_process("--verbose")
+    report = json.loads(in_process("--json")[1])
+    cpu = "\n".join(short.split("\ncpu: what each op runs by default\n", 1)[1].splitlines()[:3])
+    assert [line.split(":")[0].strip() for line in cpu.splitlines()] == list(report["devices"][0]["ops"])
+    assert all(line.split(": ", 1)[1].startswith("torch") or "jit" in line for line in cpu.splitlines())
+    driver = report["jit"].get("driver")
+    if driver not in (None, "ok"):  # no GPU driver here: said once in the short form, per backend in --verbose
+        assert short.count(driver) == 1 and verbose.count(driver) >= 3, short
+    assert "fp32 reference, any shape" in verbose and "fp32 reference, any shape" not in short
+    assert "--verbose" in short and len(short.splitlines()) < len(verbose.splitlines())
+
+
+def _fake_entries(root, arch: str, compiler: str, n: int) -> None:
+    """``n`` cache entries for ``arch`` whose headers say ``compiler`` built them (their keys match no lookup)."""
+    directory = cache.cubin_dir(arch, root)
+    directory.mkdir(parents=True)
+    for i in range(n):
+        header = {"format": cache.FORMAT, "key": f"{i:064x}", "arch": arch, "compiler": compiler, "cubin_size": 4}
+        (directory / f"fake_{i}-{i:032x}{cache.SUFFIX}").write_bytes(cache.pack_entry(header, b"\0" * 4))
+
+
+@pytest.mark.needs_compiler("nvrtc")
+@pytest.mark.parametrize("built_by", ["nvcc 13.0.88 (Build cuda_13.0.r13.0/compiler.fake)", "this process's"])
+def test_a_cache_built_by_another_compiler_is_explained(in_process, tmp_path, monkeypatch, built_by):
+    from slim_kernel.jit import compiler
+
+    monkeypatch.setenv(compiler.ENV_COMPILER, "nvrtc")
+    this = compiler.get_compiler("nvrtc").fingerprint()
+    other = built_by != "this process's"
+    _fake_entries(tmp_path / "cache", "sm_90a", built_by if other else this, 5)
+    code, out = in_process("--json", "--model", "deepseek-v3")
+    (row,) = json.loads(out)["jit_cache_coverage"]["per_arch"]
+    assert code == 0 and row["arch"] == "sm_90a" and row["cached"] == 0 and row["missing"]
+    if not other:  # entries of this compiler that are merely not the routed ones: no compiler story
+        assert "mismatch" not in row
+        return
+    assert row["cache_compilers"] == {built_by: 5} and row["this_compiler"] == this
+    for needle in (f"5 by {built_by}", f"compiles with {this}", "slim-kernel precompile", "SLIM_KERNEL_JIT_COMPILER=nvcc"):
+        assert needle in row["mismatch"], row["mismatch"]
+    text = in_process("--model", "deepseek-v3")[1]
+    assert f"    why: {row['mismatch']}" in text

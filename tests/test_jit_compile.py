@@ -1,7 +1,8 @@
 """JIT compiler front (CPU): every kernel compiles to an sm_90a cubin within the resource limits its
-source declares (no spills) with nvcc and with each NVRTC that current torch builds bring
-(pyproject.toml [tool.slim-kernel] nvrtc-versions: the nvidia-cuda-nvrtc wheels, installed side by
-side); arch names; compiler selection and errors."""
+source declares (no spills) with nvcc and with each NVRTC of pyproject.toml's [tool.slim-kernel]
+nvrtc-versions (the nvidia-cuda-nvrtc wheels, installed side by side: the floor 13.0 and "newest", the
+newest release on the index, resolved by pip when the test runs); arch names; compiler selection and
+errors."""
 
 from __future__ import annotations
 
@@ -30,6 +31,13 @@ REPO = Path(__file__).resolve().parents[1]
 COMPILERS = ("nvrtc", "nvcc")
 NVRTC_VERSIONS = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["slim-kernel"]["nvrtc-versions"]
 TOOLCHAINS = ("nvcc", *(f"nvrtc-{v}" for v in NVRTC_VERSIONS))
+NEWEST = "newest"  # in nvrtc-versions: the newest nvidia-cuda-nvrtc on the index, whatever it is today
+
+
+def installed_nvrtc(target: Path) -> str:
+    """The version of the nvidia-cuda-nvrtc wheel pip installed into ``target``."""
+    (info,) = target.glob("nvidia_cuda_nvrtc-*.dist-info")
+    return info.name.removeprefix("nvidia_cuda_nvrtc-").removesuffix(".dist-info")
 CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
 SHIPPED = [inst for _, inst in all_instances()]
@@ -68,11 +76,14 @@ def compile_reports(tmp_path_factory):
         env.pop("SLIM_KERNEL_JIT", None)
         if version:
             target = base / toolchain / "site"
+            wanted = "nvidia-cuda-nvrtc" if version == NEWEST else f"nvidia-cuda-nvrtc=={version}.*"
             pip = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(target),
-                                  f"nvidia-cuda-nvrtc=={version}.*"], capture_output=True, text=True, timeout=900)
+                                  wanted], capture_output=True, text=True, timeout=900)
             if pip.returncode:
-                reports[toolchain] = {"unusable": f"cannot install nvidia-cuda-nvrtc=={version}.*: {pip.stderr[-1500:]}"}
+                reports[toolchain] = {"unusable": f"cannot install {wanted}: {pip.stderr[-1500:]}"}
                 return reports[toolchain]
+            resolved = installed_nvrtc(target)
+            print(f"{toolchain}: nvidia-cuda-nvrtc {resolved}")  # shown with -rA / on failure
             env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(target), env.get("PYTHONPATH")]))
         elif compiler.find_nvcc() is None:
             reports[toolchain] = {"unusable": "nvcc not found"}
@@ -81,7 +92,7 @@ def compile_reports(tmp_path_factory):
         proc = subprocess.run([sys.executable, str(fx.HERE / "compile_all.py"), name, str(out)], env=env,
                               capture_output=True, text=True, timeout=3000)
         assert proc.returncode == 0, proc.stderr[-4000:]
-        reports[toolchain] = json.loads(out.read_text())
+        reports[toolchain] = json.loads(out.read_text()) | ({"wheel": resolved} if version else {})
         return reports[toolchain]
 
     return report
@@ -94,7 +105,9 @@ def test_the_toolchain_is_the_one_asked_for(toolchain, compile_reports):
     if "unusable" in report:
         _unusable(report["unusable"])
     name, _, version = toolchain.partition("-")
-    assert report["compiler"].startswith(f"{name} {version}".strip()), report["compiler"]
+    if version == NEWEST:  # the release pip resolved: its X.Y is the compiler's
+        version = ".".join(report["wheel"].split(".")[:2])
+    assert report["compiler"].startswith(f"{name} {version} ".replace("  ", " ")), report["compiler"]
 
 
 @pytest.mark.slow

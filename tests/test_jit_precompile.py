@@ -2,7 +2,7 @@
 counts what it verified on disk (compiled by this run vs already present, honest under 16
 concurrent runs); exits 1 naming the cause when entries cannot be stored (read-only, /proc, a file
 in the way, a full disk, a publish that did not land); refuses archs below SM 9.0 and bad input
-with exit 2; shows a progress bar on a terminal only."""
+with exit 2; shows a progress bar on a terminal, a line every few seconds elsewhere."""
 
 from __future__ import annotations
 
@@ -34,6 +34,9 @@ def small_catalogue(monkeypatch):
     monkeypatch.setattr(precompile, "catalogue", lambda: [("fixture_axpby", fx.axpby(b)) for b in range(4)])
 
 
+PROGRESS_LINE = re.compile(r"^precompile: \d+ of \d+ compiled, \d+ s$")
+
+
 def _summary(out: str) -> dict:
     (line,) = out.splitlines()  # one line on stdout, nothing else
     m = SUMMARY.match(line)
@@ -49,7 +52,7 @@ def test_precompile_then_all_present(cache_dir, capsys, small_catalogue):
     out, err = capsys.readouterr()
     assert _summary(out) == {"verified": 2 * n, "total": 2 * n, "root": str(cache_dir), "compiled": 2 * n,
                              "present": 0, "failed": 0}
-    assert err == ""  # not a terminal: no progress output
+    assert all(PROGRESS_LINE.match(line) for line in err.splitlines()), err  # not a terminal: progress lines only
     assert cache.cached_counts(cache_dir) == {"sm_100a": n, "sm_90a": n}
     cache.clear_memory()
     assert cli.main(["precompile", "--arch", "9.0a", "--arch", "10.0a"]) == 0
@@ -175,6 +178,21 @@ def test_progress_bar_only_on_a_terminal(cache_dir, capsys, monkeypatch, small_c
     assert cli.main(["precompile", "--arch", "9.0a", "-j", "1", *flags]) == 0
     assert ("compiling" in tty.getvalue()) is bar and ("/4 [" in tty.getvalue()) is bar  # tqdm throttles redraws
     assert _summary(capsys.readouterr().out)["compiled"] == 4
+
+
+@pytest.mark.parametrize("flags,lines", [([], True), (["--no-progress"], False)])
+def test_progress_lines_when_not_a_terminal(cache_dir, capsys, monkeypatch, small_catalogue, flags, lines):
+    """Docker builds and CI logs: a line with the count and the elapsed time (here after every kernel)."""
+    monkeypatch.setattr(precompile, "LINE_EVERY_S", 0.0)
+    assert cli.main(["precompile", "--arch", "9.0a", "-j", "1", *flags]) == 0
+    out, err = capsys.readouterr()
+    assert _summary(out)["compiled"] == 4
+    if not lines:
+        assert err == ""
+        return
+    got = err.splitlines()
+    assert all(PROGRESS_LINE.match(line) for line in got) and len(got) >= 4, err
+    assert [int(line.split()[1]) for line in got[:4]] == [1, 2, 3, 4]
 
 
 _RUN = textwrap.dedent("""

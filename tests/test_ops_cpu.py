@@ -76,7 +76,8 @@ BAD = [
     ("router", _router_ok, {"hidden_states": torch.randn(2, 4, 64).bfloat16()}, ValueError, "hidden_states"),
     ("router", _router_ok, {"router_weights": torch.randn(8, 32).bfloat16()}, ValueError, "router_weights"),
     ("router", _router_ok, {"router_weights": torch.randn(8, 64).half()}, ValueError, "router_weights"),
-    ("router", _router_ok, {"hidden_states": torch.empty(0, 64, dtype=torch.bfloat16)}, ValueError, "hidden_states"),
+    ("router", _router_ok, {"hidden_states": torch.empty(4, 0, dtype=torch.bfloat16),
+                            "router_weights": torch.empty(8, 0, dtype=torch.bfloat16)}, ValueError, "hidden_states"),
     ("router", _router_ok, {"out_dtype": torch.float16}, ValueError, "out_dtype"),
     ("router", _router_ok, {"out_dtype": "float32"}, TypeError, "out_dtype"),
     ("router", _router_ok, {"output": torch.empty(4, 9)}, ValueError, "output"),
@@ -88,7 +89,8 @@ BAD = [
     ("fused", _fused_ok, {"mat_a": torch.randn(4, 64)}, ValueError, "mat_a"),
     ("fused", _fused_ok, {"mat_b": torch.randn(64, 16).bfloat16()}, ValueError, "mat_b"),  # row-major
     ("fused", _fused_ok, {"mat_b": torch.randn(16, 32).bfloat16().t()}, ValueError, "mat_b"),  # K mismatch
-    ("fused", _fused_ok, {"mat_a": torch.empty(0, 64, dtype=torch.bfloat16)}, ValueError, "mat_a"),
+    ("fused", _fused_ok, {"mat_a": torch.empty(4, 0, dtype=torch.bfloat16),
+                          "mat_b": torch.empty(16, 0, dtype=torch.bfloat16).t()}, ValueError, "mat_a"),
     ("fused", _fused_ok, {"mat_b": torch.randn(16, 64, 1).bfloat16()}, ValueError, "mat_b"),
     ("fused", _fused_ok, {"output": torch.empty(4, 16)}, ValueError, "output"),
     ("fused", _fused_ok, {"output": torch.empty(4, 17, dtype=torch.bfloat16)}, ValueError, "output"),
@@ -106,7 +108,8 @@ BAD = [
     ("bmm", _bmm_ok, {"out": torch.empty(2, 3, 16, dtype=torch.float16)}, ValueError, "out"),
     ("bmm", _bmm_ok, {"A": torch.empty(0, 3, 32).to(torch.float8_e4m3fn),
                       "B": torch.empty(0, 16, 32).to(torch.float8_e4m3fn).transpose(1, 2)}, ValueError, "A"),
-    ("bmm", _bmm_ok, {"A": torch.empty(2, 0, 32).to(torch.float8_e4m3fn)}, ValueError, "A"),
+    ("bmm", _bmm_ok, {"A": torch.empty(2, 3, 0).to(torch.float8_e4m3fn),
+                      "B": torch.empty(2, 16, 0).to(torch.float8_e4m3fn).transpose(1, 2)}, ValueError, "A"),
 ]
 OPS = {"router": sk.dsv3_router_gemm, "fused": sk.dsv3_fused_a_gemm, "bmm": sk.bmm_fp8}
 

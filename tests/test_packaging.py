@@ -9,6 +9,7 @@ from __future__ import annotations
 import email.parser
 import os
 import re
+import runpy
 import shutil
 import subprocess
 import sys
@@ -194,7 +195,10 @@ def test_fresh_venv_plain_install_audits_then_test_extra_passes_pytest(tmp_path)
     env, py = _fresh_env(venv, tmp_path), venv / "bin" / "python"
     pip = [py, "-m", "pip", "install", "-q"]
 
-    proc = _run([*pip, PYPROJECT["tool"]["slim-kernel"]["test-torch"]], clone, env, 900)
+    torch_args, how, _ = runpy.run_path(str(REPO / "tools" / "cpu_torch.py"))["pip_args"](
+        PYPROJECT["tool"]["slim-kernel"]["test-torch"])  # a CPU build where PyTorch's CPU index answers
+    print(f"fresh venv: torch {how}")
+    proc = _run([*pip, *torch_args], clone, env, 900)
     assert proc.returncode == 0, log_tail(proc)
     proc = _run([*pip, "."], clone, env, 1200)  # the plain install
     assert proc.returncode == 0, log_tail(proc)

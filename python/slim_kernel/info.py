@@ -2,7 +2,9 @@
 which backends can serve and why not, the measured routing table in force and what each op would
 pick per shape and M, whether every JIT instance the routing can pick for the given shapes
 (``--model``/``--router``/``--fused-a``; default every model in ``slim_kernel/models.py``) is in the
-cache, and the bmm_fp8 fast-path state. Exit 2 when a knob or pin is malformed."""
+cache (and, where not, whether another compiler built the entries), and the bmm_fp8 fast-path state.
+The text is short by default (what would run on each device and why, each reason said once);
+``--verbose`` lists everything, ``--json`` carries everything. Exit 2 when a knob or pin is malformed."""
 
 from __future__ import annotations
 
@@ -17,7 +19,10 @@ SCHEMA = 1
 def add_arguments(parser) -> None:
     from .models import add_shape_arguments
 
-    parser.add_argument("--json", action="store_true", help="print machine-readable JSON (schema 1)")
+    parser.add_argument("--json", action="store_true", help="print machine-readable JSON (schema 1): everything")
+    parser.add_argument("-v", "--verbose", action="store_true",
+                        help="also list every backend with its note, every knob and the JIT runtime in full "
+                             "(the default is the short form: what would run on each device, and why)")
     add_shape_arguments(parser)
 
 
@@ -160,7 +165,7 @@ def _flashinfer_note() -> str | None:
     installed = _version("flashinfer-python")
     measured = sorted({v for arch in routing.shipped_archs() for t in routing.tables(arch) for v in t.versions_of("flashinfer")},
                       key=routing.version_key)
-    if installed is None or not measured or installed in measured:
+    if installed is None or not measured or routing.measured_as("flashinfer", installed) in measured:
         return None
     return (f"flashinfer {installed} is not one of the measured versions ({', '.join(measured)}): routing uses "
             "the nearest measured version's numbers (the bmm_fp8 fast path checks itself)")
@@ -252,6 +257,8 @@ def _print_coverage(cov: dict | None) -> None:
                 state += f"; MISSING {len(row['missing'])}: {', '.join(row['missing'][:4])}" + (
                     " ..." if len(row["missing"]) > 4 else "")
         print(f"  jit.routed_in_cache {row['arch']} ({cov['shapes']}): {state}")
+        if row.get("mismatch"):
+            print(f"    why: {row['mismatch']}")
 
 
 def _ranges(rows: list[dict]) -> list[str]:
@@ -268,6 +275,70 @@ def _ranges(rows: list[dict]) -> list[str]:
     return out
 
 
+def _print_short_ops(dev: dict, driver: str | None) -> None:
+    """Per op, what runs by default on ``dev`` (the first eligible backend), and why the ones before it
+    do not; a reason the header already gave (the CUDA driver) is not repeated."""
+    for op, rows in dev["ops"].items():
+        eligible = [r["backend"] for r in rows if r["eligible"]]
+        skipped = [f"{r['backend']}: {'the CUDA driver cannot be loaded (above)' if r['reason'] == driver else r['reason']}"
+                   for r in rows if not r["eligible"]]
+        runs = (f"{eligible[0]}" + (f" (then {', '.join(eligible[1:])})" if len(eligible) > 1 else "")
+                if eligible else "nothing eligible")
+        print(f"  {op}: {runs}" + (f"   [not: {'; '.join(skipped)}]" if skipped else ""))
+
+
+def _print_verbose_ops(dev: dict) -> None:
+    for op, rows in dev["ops"].items():
+        print(f"  {op}")
+        for i, row in enumerate(rows, 1):
+            state = "eligible" if row["eligible"] else f"no: {row['reason']}"
+            print(f"    {i}. {row['backend']:<10} {state}   [{row['note']}]")
+
+
+def _print_picks(dev: dict) -> None:
+    shipped = dev.get("routing_tables", {}).get("shipped")
+    if shipped:
+        print(f"  shipped table for this GPU: {shipped['device']} ({shipped['rule']})")
+    tuned = dev.get("routing_tables", {}).get("tuned")
+    if tuned:
+        state = f"used, {tuned['entries']} points" if tuned["used"] else \
+            "present but refused (see the warning)" if tuned["exists"] else "none (`slim-kernel tune` writes it)"
+        print(f"  tuned table: {tuned['path']}: {state}")
+    groups: dict = {}
+    for row in dev["picks"]:
+        groups.setdefault((row["op"], json.dumps(row["shape"]), row["pdl"]), []).append(row)
+    if groups:
+        print("  routing (the default path per shape and M, and the source that decides it):")
+    for (op, shape, pdl), rows in groups.items():
+        context = "with PDL: eager, or captured after a PDL-aware kernel" if pdl else \
+            "without PDL: captured after a plain kernel"
+        sources = sorted({r["source"] + (" (an estimate)" if r["estimate"] and r["source"] != "estimate" else "")
+                          for r in rows})
+        print(f"    {op} {', '.join(f'{k}={v}' for k, v in json.loads(shape).items())}  [{context}]  "
+              f"source: {', '.join(sources)}")
+        hint = next((r["tune"] for r in rows if "tune" in r), None)
+        if hint and any(r["source"] == "maker-first" for r in rows):
+            print(f"      nothing measured on this arch: the kernels made for it serve, ours after `{hint}`")
+        elif hint:
+            print(f"      estimated, not measured on this device: `{hint}` measures it")
+        for line in _ranges(sorted(rows, key=lambda r: r["m"])):
+            print(f"      {line}")
+
+
+def _print_jit(jit: dict, verbose: bool) -> str | None:
+    """The JIT runtime lines; returns the driver error (said here once), if any."""
+    driver = jit.get("driver")
+    if verbose:
+        for key, value in jit.items():
+            print(f"  jit.{key}: {value}")
+    else:
+        print(f"  jit: {jit.get('compiler')}; launcher {str(jit.get('launcher')).split(' (')[0]}; "
+              f"cache {jit.get('cache_dir')}: {jit.get('cached')}")
+        if driver and driver != "ok":
+            print(f"  jit cannot launch here: {driver}")
+    return driver if driver != "ok" else None
+
+
 def run(args) -> int:
     from .models import shapes_from_args
 
@@ -280,14 +351,17 @@ def run(args) -> int:
     if args.json:
         print(json.dumps(report, indent=2))
         return 2 if errors else 0
+    verbose = getattr(args, "verbose", False)
     fp = report["bmm_fp8_fast_path"]
     print(f"slim-kernel {report['slim_kernel']}  python {report['python']}  torch {report['torch']} "
           f"(CUDA {report['torch_cuda']})  flashinfer {report['flashinfer'] or 'not installed'}")
     print(f"  bmm_fp8 fast path: {fp.get('bmm_fp8_fast_path')}" + (f" ({fp['reason']})" if fp.get("reason") else ""))
-    for key, value in report["jit"].items():
-        print(f"  jit.{key}: {value}")
+    driver = _print_jit(report["jit"], verbose)
     _print_coverage(report["jit_cache_coverage"])
-    print("  knobs: " + ", ".join(f"{k}={v}" for k, v in report["knobs"].items() if v is not None))
+    # the short form: the PDL knob (it picks the launch context) and whatever the environment sets
+    shown = {k: v for k, v in report["knobs"].items()
+             if v is not None and (verbose or k == "pdl" or os.environ.get(k) is not None)}
+    print("  knobs: " + ", ".join(f"{k}={v}" for k, v in shown.items()))
     for name, tab in report["routing_tables"].items():
         measured = "; ".join(f"{d['device']}, {d['entries']} points" for d in tab["devices"]) if tab else ""
         print(f"  routing table {name}: " + (f"{tab['source']} ({measured}; flashinfer "
@@ -296,39 +370,15 @@ def run(args) -> int:
         print(f"  note: {note}")
     for dev in report["devices"]:
         extra = f"  {dev['name']} (SM {dev['capability']}, {dev['sms']} SMs)" if "name" in dev else ""
-        print(f"\n{dev['device']}{extra}")
-        for op, rows in dev["ops"].items():
-            print(f"  {op}")
-            for i, row in enumerate(rows, 1):
-                state = "eligible" if row["eligible"] else f"no: {row['reason']}"
-                print(f"    {i}. {row['backend']:<10} {state}   [{row['note']}]")
-        shipped = dev.get("routing_tables", {}).get("shipped")
-        if shipped:
-            print(f"  shipped table for this GPU: {shipped['device']} ({shipped['rule']})")
-        tuned = dev.get("routing_tables", {}).get("tuned")
-        if tuned:
-            state = f"used, {tuned['entries']} points" if tuned["used"] else \
-                "present but refused (see the warning)" if tuned["exists"] else "none (`slim-kernel tune` writes it)"
-            print(f"  tuned table: {tuned['path']}: {state}")
-        groups: dict = {}
-        for row in dev["picks"]:
-            groups.setdefault((row["op"], json.dumps(row["shape"]), row["pdl"]), []).append(row)
-        if groups:
-            print("  routing (the default path per shape and M, and the source that decides it):")
-        for (op, shape, pdl), rows in groups.items():
-            context = "with PDL: eager, or captured after a PDL-aware kernel" if pdl else \
-                "without PDL: captured after a plain kernel"
-            sources = sorted({r["source"] + (" (an estimate)" if r["estimate"] and r["source"] != "estimate" else "")
-                              for r in rows})
-            print(f"    {op} {', '.join(f'{k}={v}' for k, v in json.loads(shape).items())}  [{context}]  "
-                  f"source: {', '.join(sources)}")
-            hint = next((r["tune"] for r in rows if "tune" in r), None)
-            if hint and any(r["source"] == "maker-first" for r in rows):
-                print(f"      nothing measured on this arch: the kernels made for it serve, ours after `{hint}`")
-            elif hint:
-                print(f"      estimated, not measured on this device: `{hint}` measures it")
-            for line in _ranges(sorted(rows, key=lambda r: r["m"])):
-                print(f"      {line}")
+        print(f"\n{dev['device']}{extra}" + ("" if verbose else ": what each op runs by default"))
+        if verbose:
+            _print_verbose_ops(dev)
+        else:
+            _print_short_ops(dev, driver)
+        _print_picks(dev)
+    if not verbose:
+        print("\n(`slim-kernel info --verbose`: every backend with its note, every knob, the JIT runtime in full; "
+              "`--json`: all of it)")
     for err in errors:
         print(f"\nslim-kernel info: error: {err}")
     return 2 if errors else 0

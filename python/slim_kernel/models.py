@@ -110,7 +110,8 @@ def _positive(shape: Shape, text: str) -> Shape:
 def add_shape_arguments(parser) -> None:
     """--model / --router / --fused-a (all repeatable)."""
     parser.add_argument("--model", action="append", default=[], metavar="NAME",
-                        help=f"every shape of a model: {', '.join(MODELS)} (repeatable)")
+                        help=f"every shape of a model: {', '.join(MODELS)}; aliases: "
+                             f"{', '.join(f'{a} (= {m})' for a, m in ALIASES.items())} (repeatable)")
     parser.add_argument("--router", action="append", default=[], metavar="E,K[,out]",
                         help="a dsv3_router_gemm shape (out: float32, the default, or bfloat16); repeatable")
     parser.add_argument("--fused-a", action="append", default=[], metavar="N,K",

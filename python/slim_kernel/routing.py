@@ -88,7 +88,7 @@ class Table:
         """The measured point of this shape: the installed versions or the nearest ones measured, the
         nearest M within M_REACH (``inside``: and M within the measured ones' range); None when the
         shape was not measured."""
-        shape_t = shape_items(shape)
+        shape_t, versions = shape_items(shape), measured_as_set(versions)
         for key in self.versions_by_distance(versions):
             ms = self._ms.get((op, shape_t, key, pdl))
             if not ms:
@@ -203,6 +203,24 @@ def _validate_entry(e, where: str) -> None:
             isinstance(c, str) and isinstance(u, (int, float)) and not isinstance(u, bool)
             and math.isfinite(u) and 0 < u < MAX_US for c, u in us.items()):
         raise ValueError(f"{where}: us must map candidate names to finite times in (0, {MAX_US:g}) us")
+
+
+# flashinfer releases that run the very kernels and dispatch of a measured one for these ops read its
+# measurements as their own (no "nearest version" note). 0.7.2 and 0.7.2.post1: the tinygemm, router
+# GEMM and bmm_fp8 sources, routergemm.py, bmm_fp8's Python and the cuBLAS runner it builds for
+# backend="cublas" are identical (file and function hashes: benchmark/results/flashinfer_0.7.2_vs_post1.md).
+SAME_KERNELS = {"flashinfer": {"0.7.2": "0.7.2.post1"}}
+
+
+def measured_as(name: str, version: str | None) -> str | None:
+    """The measured release of backend ``name``'s library whose numbers ``version`` reads as its own
+    (itself if none)."""
+    return SAME_KERNELS.get(name, {}).get(version, version) if version else version
+
+
+def measured_as_set(versions: tuple) -> tuple:
+    """An installed version set ``((backend, version), ...)`` as the measured releases it reads."""
+    return tuple((name, measured_as(name, version)) for name, version in versions)
 
 
 def version_key(version: str) -> tuple[int, ...]:

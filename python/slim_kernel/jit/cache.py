@@ -389,6 +389,24 @@ def cached_counts(root: Path | None = None) -> dict[str, int]:
     return {d.name: sum(1 for _ in d.glob(f"*{SUFFIX}")) for d in sorted(base.iterdir()) if d.is_dir()}
 
 
+def compilers_of_entries(arch: str, root: Path | None = None) -> dict[str, int]:
+    """``{compiler fingerprint: entries}`` of the ``arch`` entries on disk, read from their headers (an
+    entry whose header does not parse counts as ``"unreadable"``); compiles and verifies nothing."""
+    counts: dict[str, int] = {}
+    directory = cubin_dir(arch, root)
+    for path in sorted(directory.glob(f"*{SUFFIX}")) if directory.is_dir() else ():
+        try:
+            with open(path, "rb") as f:
+                magic, head_len = _HEAD.unpack(f.read(_HEAD.size))
+                header = json.loads(f.read(head_len)) if magic == MAGIC and head_len <= MAX_HEADER_BYTES else {}
+            name = header.get("compiler") if isinstance(header, dict) else None
+        except (OSError, ValueError, struct.error):
+            name = None
+        name = name if isinstance(name, str) else "unreadable"
+        counts[name] = counts.get(name, 0) + 1
+    return counts
+
+
 def clear_memory() -> None:
     """Forget in-process entries (tests)."""
     with _MEMORY_LOCK:

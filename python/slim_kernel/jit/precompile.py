@@ -7,7 +7,8 @@ window, both launch contexts, the installed flashinfer version, the tile rules i
 every kernel instantiation of the catalogue. In parallel, with no GPU needed, so an image can ship
 a warm cache and serve with ``SLIM_KERNEL_JIT=cache-only``. At the end every entry is re-read from disk and
 verified, and one summary line counts those: compiled by this run, or already present (before the
-run, or published meanwhile by a concurrent run). A progress bar is shown on a terminal only.
+run, or published meanwhile by a concurrent run). Progress: a bar on a terminal, elsewhere (Docker builds,
+CI logs) a line every few seconds with the count and the elapsed time; ``--no-progress`` silences both.
 
 Exit status: 0 every instantiation is verified in the cache; 1 some could not be compiled or
 stored (each one named with the reason: read-only or full file system, permissions, a file where
@@ -30,6 +31,7 @@ from .spec import KernelInstance
 # The shipped kernels use SM 9.0 PTX (griddepcontrol for PDL, ...); the op specs say min_sm=(9, 0).
 MIN_SM = 90
 TUNE_MS = "1-16,17,20,24,28,32,40,48,56,64"  # what the shipped table measures
+LINE_EVERY_S = 5.0  # where stderr is not a terminal: a progress line this often
 
 
 def add_arguments(parser) -> None:
@@ -44,7 +46,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("-j", "--jobs", type=int, default=os.cpu_count() or 1,
                         help="parallel compiles (default: the number of cores)")
     parser.add_argument("--no-progress", action="store_true",
-                        help="no progress bar (it is only shown when stderr is a terminal anyway)")
+                        help="no progress (a bar on a terminal, else a line every few seconds)")
     parser.add_argument("--tune", action="store_true",
                         help="first measure the shapes on this GPU (`slim-kernel tune`; needs the GPU the image "
                              "will serve on), then compile what that table routes")
@@ -111,14 +113,43 @@ def _default_archs() -> list[str]:
     return ["sm_90a"]
 
 
+class LineProgress:
+    """Progress where stderr is not a terminal (Docker builds, CI logs): one line every ``every`` seconds
+    (and at the end) with the count and the elapsed time; the bar's ``update``/``close`` interface."""
+
+    def __init__(self, total: int, every: float | None = None, stream=None):
+        self.total, self.stream = total, stream or sys.stderr
+        self.every = LINE_EVERY_S if every is None else every
+        self.done, self.start = 0, time.perf_counter()
+        self.last = self.start
+
+    def update(self, n: int = 1) -> None:
+        self.done += n
+        now = time.perf_counter()
+        if now - self.last >= self.every:
+            self.last = now
+            self._line(now)
+
+    def _line(self, now: float) -> None:
+        print(f"precompile: {self.done} of {self.total} compiled, {now - self.start:.0f} s", file=self.stream,
+              flush=True)
+
+    def close(self) -> None:
+        if self.done and self.last != self.start:  # said something before: say where it ended
+            self._line(time.perf_counter())
+
+
 def _progress_bar(total: int, wanted: bool):
-    """A tqdm bar on stderr when wanted, on a terminal, with tqdm installed; else None."""
-    if not wanted or not total or not sys.stderr.isatty():
+    """On a terminal a tqdm bar on stderr (where tqdm is installed), elsewhere a line every few seconds;
+    None when not wanted or nothing to compile."""
+    if not wanted or not total:
         return None
+    if not sys.stderr.isatty():
+        return LineProgress(total)
     try:
         from tqdm import tqdm
     except ImportError:
-        return None
+        return LineProgress(total)
     return tqdm(total=total, unit="kernel", desc="compiling", file=sys.stderr, leave=False)
 
 

@@ -126,7 +126,38 @@ def cache_coverage(arch: str, shapes) -> dict:
         return {"arch": arch, "error": f"cannot check without the compiler whose version keys the cache: {exc}"}
     pairs = routed_instances(arch, shapes)
     missing = [inst.label for _, inst in pairs if not is_cached(inst, arch, compiler)]
-    return {"arch": arch, "routed": len(pairs), "cached": len(pairs) - len(missing), "missing": missing}
+    row = {"arch": arch, "routed": len(pairs), "cached": len(pairs) - len(missing), "missing": missing}
+    if missing:
+        row.update(compiler_mismatch(arch, compiler.fingerprint()) or {})
+    return row
+
+
+def compiler_mismatch(arch: str, this: str) -> dict | None:
+    """Where ``arch`` entries on disk were built by other compilers than ``this`` (the fingerprint that
+    keys this process's lookups): who built them, and how to fix it; else None.
+
+    Such entries are never served: the cache key pins the compiler name and version. Even nvcc and NVRTC
+    of one release build different cubins (nvcc 13.0.88 and NVRTC 13.0 give 100 of the 998 instances of
+    tests/test_jit_compile.py other register counts), the no-spill check holds per toolchain, and a cubin
+    from a newer toolkit is not guaranteed to load on an older driver. Compiling with the compiler that
+    built them is the way to use them."""
+    from .cache import compilers_of_entries
+
+    others = {name: n for name, n in compilers_of_entries(arch).items() if name != this}
+    if not others:
+        return None
+    built = ", ".join(f"{n} by {name}" for name, n in sorted(others.items()))
+    fix = (f"run `slim-kernel precompile` in the serving environment (the compiler it resolves is the one "
+           f"that keys the cache), or serve with SLIM_KERNEL_JIT_COMPILER={_name(others)} where that "
+           "compiler and version are installed")
+    return {"this_compiler": this, "cache_compilers": others,
+            "mismatch": f"cached {arch} entries were built by another compiler ({built}); this process compiles "
+                        f"with {this}, whose entries only it serves: {fix}"}
+
+
+def _name(fingerprints: dict) -> str:
+    """The compiler name (nvrtc, nvcc) of the most common fingerprint, e.g. 'nvcc' of 'nvcc 13.0.88 (...)'."""
+    return max(fingerprints.items(), key=lambda kv: kv[1])[0].split(" ", 1)[0]
 
 
 def routed_instances(arch: str, shapes) -> list[tuple[str, KernelInstance]]:

@@ -9,7 +9,8 @@ signature (shapes, strides, dtypes, devices, 16-byte alignment, pinned backend, 
 result is a :class:`Plan` holding the bound implementation, rebuilt after any knob change
 (``knobs.bump``). A plain eager call (no compile, tracing, dispatch/function mode, functorch
 transform, tensor subclass or autograd) runs the plan directly; every other call goes through
-the registered op, whose CPU/CUDA kernel uses the same plans.
+the registered op, whose CPU/CUDA kernel uses the same plans. An empty output (an empty batch,
+M = 0) selects no backend and launches nothing on either path.
 """
 
 from __future__ import annotations
@@ -107,6 +108,8 @@ class Op:
 
     def _dispatched(self, output, *rest) -> None:
         """The registered op's CPU/CUDA kernel (compile, modes, autograd): plans keyed by the call."""
+        if output.numel() == 0:  # an empty batch (M = 0): nothing to compute, nothing launched
+            return
         # The dispatcher drops trailing arguments that equal their default (backend=None).
         inputs = rest[:self.n_inputs]
         backend = rest[self.n_inputs] if len(rest) > self.n_inputs else None
@@ -146,6 +149,10 @@ class Op:
             if key is None:  # modes, subclasses, autograd: torch must see the op
                 self.overload(output, *inputs, backend)
                 return output
+            if output.numel() == 0:  # an empty batch (M = 0): a plan that launches nothing, in either context
+                registry.pinned_backend(self.name, backend)  # a misspelt pin is still an error
+                plans[key] = Plan(shape, dtype, device, _nothing, "empty output: nothing to launch")
+                return output
             sel = self._select(backend, output, inputs, pdl)
             plan = plans[key] = Plan(shape, dtype, device, sel.fn, sel.why)
             other = self._captured_context(backend, output, inputs, pdl)
@@ -172,3 +179,7 @@ class Op:
         except (TypeError, RuntimeError):  # an unhashable or odd argument: validate() names it
             return None
         return key
+
+
+def _nothing(output, *inputs) -> None:
+    """The plan of an empty output (M = 0): selects no backend and launches nothing."""

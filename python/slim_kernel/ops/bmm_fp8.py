@@ -52,7 +52,6 @@ def validate(A, B, A_scale, B_scale, dtype, out) -> tuple[tuple[int, int, int], 
         raise ValueError(f"B must have k={k} rows like A's last dim, got shape {tuple(B.shape)}")
     n = B.shape[2]
     v.nonempty("A", b, "batch")
-    v.nonempty("A", m, "row (m)")
     v.nonempty("A", k, "column (k)")
     v.nonempty("B", n, "column (n)")
     v.same_device("B", B, A.device, "A")

@@ -50,7 +50,6 @@ def validate(mat_a, mat_b, output) -> tuple[tuple[int, int], torch.dtype]:
     if mat_b.shape[0] != k:
         raise ValueError(f"mat_b must be (K, N) with K={k} like mat_a, got shape {tuple(mat_b.shape)}")
     n = mat_b.shape[1]
-    v.nonempty("mat_a", m, "row (M)")
     v.nonempty("mat_a", k, "column (K)")
     v.nonempty("mat_b", n, "column (N)")
     v.same_device("mat_b", mat_b, mat_a.device, "mat_a")

@@ -53,7 +53,6 @@ def validate(hidden_states, router_weights, out_dtype, output) -> tuple[tuple[in
     if router_weights.shape[1] != k:
         raise ValueError(f"router_weights must be (E, K) with K={k} like hidden_states, "
                          f"got shape {tuple(router_weights.shape)}")
-    v.nonempty("hidden_states", m, "row (M)")
     v.nonempty("hidden_states", k, "column (K)")
     v.nonempty("router_weights", e, "expert row (E)")
     v.same_device("router_weights", router_weights, hidden_states.device, "hidden_states")
