@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 from jit_fixtures import instances as fx
+from jit_fixtures.nvrtc_wheels import NEWEST, requirement
 
 from slim_kernel.jit import cache, compiler
 from slim_kernel.jit.arch import arch_for_capability, normalize_arch, sm_version
@@ -31,7 +32,6 @@ REPO = Path(__file__).resolve().parents[1]
 COMPILERS = ("nvrtc", "nvcc")
 NVRTC_VERSIONS = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["slim-kernel"]["nvrtc-versions"]
 TOOLCHAINS = ("nvcc", *(f"nvrtc-{v}" for v in NVRTC_VERSIONS))
-NEWEST = "newest"  # in nvrtc-versions: the newest nvidia-cuda-nvrtc on the index, whatever it is today
 
 
 def installed_nvrtc(target: Path) -> str:
@@ -76,7 +76,7 @@ def compile_reports(tmp_path_factory):
         env.pop("SLIM_KERNEL_JIT", None)
         if version:
             target = base / toolchain / "site"
-            wanted = "nvidia-cuda-nvrtc" if version == NEWEST else f"nvidia-cuda-nvrtc=={version}.*"
+            wanted = requirement(version)
             pip = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(target),
                                   wanted], capture_output=True, text=True, timeout=900)
             if pip.returncode:
