@@ -181,10 +181,18 @@ def _run(cmd: list, cwd: Path, env: dict, timeout: int) -> subprocess.CompletedP
 MISSING_DEPENDENCY = re.compile(r"No module named|could not import|isal not installed")
 
 
+# What the fresh venv runs: a test file per dependency of the test extra (torch, NVRTC and cuda-bindings,
+# cuobjdump/nvdisasm, the audit's decompressors and extras, matplotlib), not the whole quick suite again:
+# the session around this test runs that on the same code.
+FRESH_VENV_TESTS = ("tests/test_ops_cpu.py", "tests/test_empty_batch.py", "tests/test_info.py", "tests/test_audit_cli.py",
+                    "tests/test_size.py", "tests/test_jit_compile.py", "tests/test_jit_launcher.py",
+                    "tests/test_sass_stats.py")
+
+
 @pytest.mark.slow
 def test_fresh_venv_plain_install_audits_then_test_extra_passes_pytest(tmp_path):
-    """`pip install .` then `pip install ".[test]" && pytest -q -m "not slow"` in a new venv on a copy of the
-    tree, as the README tells a new user (torch pinned first, see [tool.slim-kernel] test-torch)."""
+    """`pip install .` then `pip install ".[test]" && pytest -q -m "not slow"` (FRESH_VENV_TESTS) in a new venv
+    on a copy of the tree, as the README tells a new user (torch pinned first, see [tool.slim-kernel] test-torch)."""
     if os.environ.get(INNER):
         pytest.skip("this is the pytest run inside the fresh venv")
     if shutil.which("git") is None or not (REPO / ".git").exists():
@@ -213,7 +221,8 @@ def test_fresh_venv_plain_install_audits_then_test_extra_passes_pytest(tmp_path)
 
     proc = _run([*pip, ".[test]"], clone, env, 1200)
     assert proc.returncode == 0, log_tail(proc)
-    tests = _run([venv / "bin" / "pytest", "-q", "-m", "not slow", "--basetemp", tmp_path / "inner"], clone, env, 3600)
+    tests = _run([venv / "bin" / "pytest", "-q", "-m", "not slow", *FRESH_VENV_TESTS, "--basetemp", tmp_path / "inner"],
+                 clone, env, 3600)
     (tmp_path / "inner-pytest.log").write_text(tests.stdout + tests.stderr)  # kept with the basetemp
     summary = tests.stdout.strip().splitlines()[-1] if tests.stdout.strip() else ""
     print(f"fresh venv: {summary}")
