@@ -108,11 +108,12 @@ class Op:
 
     def _dispatched(self, output, *rest) -> None:
         """The registered op's CPU/CUDA kernel (compile, modes, autograd): plans keyed by the call."""
-        if output.numel() == 0:  # an empty batch (M = 0): nothing to compute, nothing launched
-            return
         # The dispatcher drops trailing arguments that equal their default (backend=None).
         inputs = rest[:self.n_inputs]
         backend = rest[self.n_inputs] if len(rest) > self.n_inputs else None
+        if output.numel() == 0:  # an empty batch (M = 0): nothing to compute, nothing launched
+            registry.pinned_backend(self.name, backend)  # a misspelt pin is an error here as in eager
+            return
         pdl = self._pdl(inputs)
         key = ("dispatch", backend, self._env_get(), pdl, *_signature((output, *inputs)))
         plans = self._cache()
