@@ -25,7 +25,8 @@ Shapes: every model of slim_kernel/models.py (``--models``), or the ``--router``
 ones; M 1..16 and the large-M list (past flashinfer's router and sglang's windows). The
 ``--unnamed-*`` shapes are left out of the table: their ``default`` runs on the estimate, then
 ``tune`` measures them and ``default_tuned`` is the default path after it. Prints one table per
-producer last: the default's choice, the best anchor and the ratio.
+producer last: the default's choice, the best anchor and the ratio, the DRAM floor (the weights over a
+plain device copy's bandwidth, measured in the same run) and the default over it.
 """
 
 from __future__ import annotations
@@ -161,14 +162,16 @@ def print_tables(data: dict) -> None:
             continue
         print(f"\ndecode step, {producer} producer (us per call net of the producer; flashinfer "
               f"{data['versions'].get('flashinfer')}):")
-        print(f"{'case':<28}{'M':>3}  {'default (choice)':<34}{'best anchor':<28}{'ratio':>6}  winner")
+        print(f"{'case':<28}{'M':>3}  {'default (choice)':<34}{'best anchor':<28}{'ratio':>6}{'floor':>7}"
+              f"{'/floor':>7}  winner")
         for r in rows:
             case = r["op"].removeprefix("dsv3_").removesuffix("_gemm") + " " + " ".join(
                 f"{k}={v}" for k, v in r["shape"].items()) + (" *" if r.get("unnamed") else "")
             win = make_routing.winner(r["ratio"], r["best_anchor"])
             tuned = f" tuned {r['tuned_ratio']:.2f}" if r.get("tuned_ratio") else ""
+            floor = f"{r['floor_us']:>7.2f}{r['floor_ratio']:>7.2f}" if "floor_us" in r else f"{'-':>7}{'-':>7}"
             print(f"{case:<28}{r['m']:>3}  {r['ours_us']:>6.2f} ({r['backend'][:25]:<25}) "
-                  f"{r['best_anchor_us']:>6.2f} {r['best_anchor'][:20]:<20}{r['ratio']:>6.2f}  {win}{tuned}")
+                  f"{r['best_anchor_us']:>6.2f} {r['best_anchor'][:20]:<20}{r['ratio']:>6.2f}{floor}  {win}{tuned}")
 
 
 def replot(data: dict, path) -> None:
@@ -321,7 +324,7 @@ def main(argv=None) -> int:
 def dry_run(shapes) -> H.Report:
     """CPU: fake rows for the plumbing (routing table, summary, JSON, PNG, tables)."""
     report = H.Report(command="python3 benchmark/bench_gemm.py --dry-run", device="dry-run", torch="-",
-                      hbm_read_GBps=4000.0, launch_floor_us=0.9, sms=132)
+                      hbm_read_GBps=4000.0, launch_floor_us=0.9, copy_GBps=3800.0, sms=132)
     report.versions["flashinfer"] = "0.0-dry"
     for shape in shapes[:2]:
         for m in (1, 2, 16):

@@ -4,6 +4,7 @@ The timing itself is the package's (``slim_kernel/timing.py``: the decode-step p
 ``slim-kernel tune`` measures too; back-to-back graphs): this module re-exports it and adds what
 a benchmark report carries besides, measured in the same run:
   * the HBM floor: bytes an op must read / the read bandwidth of a large torch sum;
+  * the DRAM floor: the same bytes / the bandwidth of a plain 1 GiB device copy (``copy_bandwidth``);
   * the graph launch floor: the same graph of a one-element kernel (per-node launch cost).
 """
 
@@ -25,22 +26,42 @@ def device_name() -> str:
     return torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
 
 
-def hbm_read_bandwidth(nbytes: int = 2 << 30, reps: int = 10) -> float:
-    """Bytes/s a large torch reduction reads from HBM (the bandwidth the floors use)."""
-    x = torch.randn(nbytes // 2, device="cuda", dtype=torch.bfloat16)
-    out = torch.empty((), device="cuda", dtype=torch.float32)
-    torch.sum(x, dim=0, dtype=torch.float32, out=out)
+def _median_seconds(fn: Callable[[], object], reps: int = 10) -> float:
+    """Median seconds of ``fn`` on the current stream (CUDA events), after one call that warms it."""
+    fn()
     times = []
     for _ in range(reps):
         s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         s.record()
-        torch.sum(x, dim=0, dtype=torch.float32, out=out)
+        fn()
         e.record()
         torch.cuda.synchronize()
         times.append(s.elapsed_time(e) * 1e-3)
-    del x
+    return statistics.median(times)
+
+
+def hbm_read_bandwidth(nbytes: int = 2 << 30, reps: int = 10) -> float:
+    """Bytes/s a large torch reduction reads from HBM (the bandwidth of ``hbm_floor_us``)."""
+    x = torch.randn(nbytes // 2, device="cuda", dtype=torch.bfloat16)
+    out = torch.empty((), device="cuda", dtype=torch.float32)
+    seconds = _median_seconds(lambda x=x, out=out: torch.sum(x, dim=0, dtype=torch.float32, out=out), reps)
+    del x, out
     torch.cuda.empty_cache()
-    return nbytes / statistics.median(times)
+    return nbytes / seconds
+
+
+def copy_bandwidth() -> float:
+    """Bytes/s of a plain 1 GiB device-to-device copy, median of 10: the DRAM floor's bandwidth.
+
+    Bytes read + written over the time: the DRAM moves both, and all of it is what a GEMM streaming its
+    weights (reads, a few KB written) could spend on them."""
+    nbytes = 1 << 30
+    src = torch.randn(nbytes // 2, device="cuda", dtype=torch.bfloat16)
+    dst = torch.empty_like(src)
+    seconds = _median_seconds(lambda src=src, dst=dst: dst.copy_(src))
+    del src, dst
+    torch.cuda.empty_cache()
+    return 2 * nbytes / seconds
 
 
 def graph_launch_floor() -> float:
@@ -60,6 +81,7 @@ class Row:
     choice: dict[str, str] = field(default_factory=dict)  # "default" -> the backend[:variant] it ran
     bytes_read: int = 0
     hbm_floor_us: float = 0.0
+    dram_floor_us: float = 0.0  # bytes_read / the run's device-copy bandwidth (0: the run did not measure it)
     launch_floor_us: float = 0.0
     unnamed: bool = False  # a shape no table names: its default runs on the estimate (bench_gemm.py)
 
@@ -71,6 +93,7 @@ class Report:
     torch: str
     hbm_read_GBps: float
     launch_floor_us: float
+    copy_GBps: float = 0.0  # a plain 1 GiB device copy, bytes read + written per second (copy_bandwidth)
     rows: list[Row] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     checks: dict[str, float] = field(default_factory=dict)  # "what" -> relative error vs float64
@@ -80,6 +103,7 @@ class Report:
 
     def add(self, row: Row) -> Row:
         row.hbm_floor_us = row.bytes_read / (self.hbm_read_GBps * 1e9) * 1e6
+        row.dram_floor_us = row.bytes_read / (self.copy_GBps * 1e9) * 1e6 if self.copy_GBps else 0.0
         row.launch_floor_us = self.launch_floor_us
         self.rows.append(row)
         return row
@@ -118,11 +142,11 @@ def command_line() -> str:
 
 def start_report() -> tuple[Report, float]:
     t0 = time.time()
-    bw = hbm_read_bandwidth()
+    bw, copy = hbm_read_bandwidth(), copy_bandwidth()
     floor = graph_launch_floor()
     props = torch.cuda.get_device_properties(torch.cuda.current_device())
     report = Report(command=command_line(), device=device_name(), torch=torch.__version__, hbm_read_GBps=bw / 1e9,
-                    launch_floor_us=floor, sms=props.multi_processor_count)
+                    launch_floor_us=floor, copy_GBps=copy / 1e9, sms=props.multi_processor_count)
     report.notes.append(f">= {CALLS} calls per graph (decode step: one producer more first), median of {REPS} replays; cold = weights rotated over "
                         f">= {rotate_bytes() >> 20} MiB of copies (more than twice the {props.L2_cache_size >> 20} MiB L2)")
     return report, t0

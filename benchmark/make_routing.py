@@ -18,8 +18,10 @@ of other flashinfer versions already in the table are kept, so the 0.7.2.post1 a
 into one file.
 
 The summary (one per GPU folder) has one row per measured decode-step point (both producers): the default
-path's choice and time, the best anchor (every ``anchor:*`` column of the run) and the ratio, and after
-a tune of an unnamed shape the tuned default's ratio. A folder whose runs' default read another GPU's
+path's choice and time, the best anchor (every ``anchor:*`` column of the run) and the ratio, the DRAM
+floor (the weight bytes over a bandwidth the same run measured: ``floor_us``, ``floor_source`` ``copy`` for a
+plain device copy's, ``read`` for the large read's in runs made before they measured the copy) and the
+default's time over it (``floor_ratio``), and after a tune of an unnamed shape the tuned default's ratio. A folder whose runs' default read another GPU's
 table (``REPLAYED``: the H100 runs, made while the table held the H200 alone) adds to each row what this
 table picks for that GPU and what that candidate measured in the same run over the best anchor
 (``table_backend``, ``table_us``, ``table_ratio``); ``--standing`` prints every GPU's standing with this
@@ -198,6 +200,17 @@ def table_pick(row: dict, versions: tuple, tab: routing.Table | None) -> tuple[s
     return next(((c, timed[c]) for c, _ in dec.point.us if c in timed), None) if dec else None
 
 
+def floor(row: dict) -> tuple[float, str] | None:
+    """A decode-step row's DRAM floor in µs (its weight bytes over a bandwidth its run measured) and which
+    bandwidth: a plain device copy's (``copy``), or, in runs made before they measured one, the large
+    read's (``read``); None for a row that carries neither."""
+    if row.get("dram_floor_us"):
+        return row["dram_floor_us"], "copy"
+    if row.get("hbm_floor_us"):
+        return row["hbm_floor_us"], "read"
+    return None
+
+
 def summary_rows(report: dict, tab: routing.Table | None = None) -> list[dict]:
     """The summary rows of a run; with ``tab`` (the table's group of the run's device) each also says what
     that table picks there and what it measured in the run (``table_*``)."""
@@ -215,6 +228,9 @@ def summary_rows(report: dict, tab: routing.Table | None = None) -> list[dict]:
                  "backend": row.get("choice", {}).get("default", "?"), "ours_us": round(ours, 3),
                  "best_anchor": best, "best_anchor_us": round(anchors[best], 3),
                  "ratio": round(ours / anchors[best], 3)}
+        limit = floor(row)
+        if limit is not None:
+            entry.update(floor_us=round(limit[0], 3), floor_source=limit[1], floor_ratio=round(ours / limit[0], 3))
         if row.get("unnamed"):
             entry["unnamed"] = True
             if us.get("default_tuned") is not None:
@@ -238,25 +254,31 @@ def merge_summary(path: Path, reports: list[dict]) -> dict:
 HEADLINE_MS = (1, 4, 8, 16, 32, 64)
 
 
+def _cell(r: dict) -> str:
+    floor_part = f"; floor {r['floor_us']:.2f} ({r['floor_ratio']:.2f}x)" if "floor_us" in r else ""
+    return f"{r['ours_us']:.2f} / {r['best_anchor_us']:.2f} ({r['ratio']:.2f}x){floor_part}"
+
+
 def summary_markdown(rows: list[dict], producer: str = "plain") -> str:
-    """One line per flashinfer version and shape: the default's µs / the best anchor's (ratio) at
-    HEADLINE_MS, and how many points of all its M win, tie and lose (the results README's tables)."""
+    """One line per flashinfer version and shape: the default's µs / the best anchor's (ratio) and the DRAM
+    floor (the default over it) at HEADLINE_MS, how many points of all its M win, tie and lose, and which
+    bandwidth the floor divides by (the results README's tables)."""
     groups: dict[tuple, list[dict]] = {}
     for r in rows:
         if r["producer"] == producer:
             groups.setdefault((r["flashinfer"], r["op"], json.dumps(r["shape"]), bool(r.get("unnamed"))), []).append(r)
-    head = "| flashinfer | shape | " + " | ".join(f"M={m}" for m in HEADLINE_MS) + " | win / tie / loss |"
-    lines = [head, "|" + " --- |" * (len(HEADLINE_MS) + 3)]
+    head = "| flashinfer | shape | " + " | ".join(f"M={m}" for m in HEADLINE_MS) + " | win / tie / loss | floor from |"
+    lines = [head, "|" + " --- |" * (len(HEADLINE_MS) + 4)]
     for (version, op, shape, unnamed), rs in sorted(groups.items()):
         by_m = {r["m"]: r for r in rs}
-        cells = [f"{by_m[m]['ours_us']:.2f} / {by_m[m]['best_anchor_us']:.2f} ({by_m[m]['ratio']:.2f}x)"
-                 if m in by_m else "-" for m in HEADLINE_MS]
+        cells = [_cell(by_m[m]) if m in by_m else "-" for m in HEADLINE_MS]
+        sources = " + ".join(sorted({r["floor_source"] for r in rs if "floor_source" in r})) or "-"
         verdicts = [winner(r["ratio"], "anchor") for r in rs]
         routed = "priority order" if any(r["backend"].endswith("(priority)") for r in rs) else "estimate"
         label = op.removeprefix("dsv3_").removesuffix("_gemm") + " " + " ".join(
             f"{k}={v}" for k, v in json.loads(shape).items()) + (f" (unnamed: {routed})" if unnamed else "")
         lines.append(f"| {version} | {label} | " + " | ".join(cells) + f" | {verdicts.count('slim-kernel')} / "
-                     f"{verdicts.count('tie')} / {verdicts.count('anchor')} |")
+                     f"{verdicts.count('tie')} / {verdicts.count('anchor')} | {sources} |")
     return "\n".join(lines)
 
 

@@ -1,5 +1,5 @@
-"""The benchmark helpers that need no GPU: profile_gemm's case specs and pm_series' reading of an ncu
-PM-sampling raw page."""
+"""The benchmark helpers that need no GPU: profile_gemm's case specs, pm_series' reading of an ncu
+PM-sampling raw page, the results' readers and the decode-step summary's floor column."""
 
 from __future__ import annotations
 
@@ -170,3 +170,72 @@ def test_results_read_plain_or_gzip_and_score_estimate_merges_several(tmp_path, 
     monkeypatch.setattr(sys, "argv", ["score_estimate.py", str(first), str(other), table, "--flashinfer", "0.7.3"])
     with pytest.raises(SystemExit):  # runs of two versions, neither the one asked for
         score_estimate.main()
+
+
+def _fused_a_run(copy_gbps: float, read_gbps: float, us: float) -> dict:
+    """A bench JSON of one fused-A 2112 x 7168 point, made as bench_gemm.py makes it."""
+    from dataclasses import asdict
+
+    import harness
+
+    report = harness.Report(command="synthetic", device="dry-run", torch="-", hbm_read_GBps=read_gbps,
+                            launch_floor_us=0.9, copy_GBps=copy_gbps, sms=132)
+    report.versions["flashinfer"] = "0.7.4"
+    row = report.add(harness.Row("dsv3_fused_a_gemm", {"n": 2112, "k": 7168, "m": 4}, "cold", pattern="decode",
+                                 producer="plain", bytes_read=2112 * 7168 * 2))
+    row.us = {"jit:stream_w4": us, "anchor:flashinfer": us * 1.05, "default": us}
+    row.choice = {"default": "jit:stream_w4 (shipped)"}
+    return json.loads(json.dumps(asdict(report)))
+
+
+def test_the_summary_floor_is_the_weight_bytes_over_the_runs_copy_bandwidth():
+    import random
+
+    import make_routing
+
+    rng = random.Random(50)
+    for _ in range(5):
+        copy, read, us = rng.uniform(2500, 4500), rng.uniform(2500, 4500), rng.uniform(5, 15)
+        (row,) = make_routing.summary_rows(_fused_a_run(copy, read, us))
+        floor = 2112 * 7168 * 2 / (copy * 1e9) * 1e6
+        assert row["floor_source"] == "copy"
+        assert row["floor_us"] == pytest.approx(floor, abs=1e-3)  # not the read bandwidth's: copy != read here
+        assert row["floor_ratio"] == pytest.approx(us / floor, abs=2e-3)
+    (row,) = make_routing.summary_rows(_fused_a_run(4000.0, 4200.0, 9.0))
+    cell = "9.00 / 9.45 (0.95x); floor 7.57 (1.19x)"
+    assert f"| {cell} | - | - | - | - | 1 / 0 / 0 | copy |" in make_routing.summary_markdown([row])
+
+
+def test_a_run_without_the_copy_bandwidth_reads_its_floor_from_the_read_bandwidth():
+    import make_routing
+
+    run = _fused_a_run(4000.0, 4200.0, 9.0)
+    del run["copy_GBps"], run["rows"][0]["dram_floor_us"]  # as runs made before the copy was measured
+    (row,) = make_routing.summary_rows(run)
+    assert row["floor_source"] == "read" and row["floor_us"] == pytest.approx(2112 * 7168 * 2 / 4200e3, abs=1e-3)
+    assert make_routing.summary_markdown([row]).endswith("| 1 / 0 / 0 | read |")
+    unmeasured = _fused_a_run(0.0, 4200.0, 9.0)  # a report that never measured the copy: the same
+    assert make_routing.summary_rows(unmeasured) == [row]
+    del run["rows"][0]["hbm_floor_us"]  # a row that carries no floor: none in its summary row
+    (bare,) = make_routing.summary_rows(run)
+    assert not any(k.startswith("floor") for k in bare)
+    assert "; floor" not in make_routing.summary_markdown([bare]) and make_routing.summary_markdown([bare]).endswith(
+        "| 9.00 / 9.45 (0.95x) | - | - | - | - | 1 / 0 / 0 | - |")
+
+    committed = make_routing.read_json(make_routing.RESULTS_DIR / "bench_gemm_fi074_heldout6.json")
+    rows = make_routing.summary_rows(committed)
+    assert rows and {r["floor_source"] for r in rows} == {"read"}
+    gbps = committed["hbm_read_GBps"]
+    for r in rows:
+        weights = r["shape"].get("n", r["shape"].get("e")) * r["shape"]["k"] * 2
+        assert r["floor_us"] == pytest.approx(weights / gbps * 1e-3, abs=1e-3)
+
+
+@pytest.mark.gpu
+def test_copy_bandwidth_is_a_dram_bandwidth_near_the_read_one():
+    """Bytes read + written by a 1 GiB device copy per second: on an HBM GPU within a few tens of percent of what a
+    large read reaches (counting the read bytes alone would read about half)."""
+    import harness
+
+    copy, read = harness.copy_bandwidth(), harness.hbm_read_bandwidth()
+    assert 0.75 * read < copy < 1.15 * read, (copy / 1e9, read / 1e9)
