@@ -4,6 +4,7 @@ The timing itself is the package's (``slim_kernel/timing.py``: the decode-step p
 ``slim-kernel tune`` measures too; back-to-back graphs): this module re-exports it and adds what
 a benchmark report carries besides, measured in the same run:
   * the HBM floor: bytes an op must read / the read bandwidth of a large torch sum;
+  * the DRAM floor: the same bytes / the bandwidth of a plain 1 GiB device copy (``copy_bandwidth``);
   * the graph launch floor: the same graph of a one-element kernel (per-node launch cost).
 """
 
@@ -25,22 +26,42 @@ def device_name() -> str:
     return torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
 
 
-def hbm_read_bandwidth(nbytes: int = 2 << 30, reps: int = 10) -> float:
-    """Bytes/s a large torch reduction reads from HBM (the bandwidth the floors use)."""
-    x = torch.randn(nbytes // 2, device="cuda", dtype=torch.bfloat16)
-    out = torch.empty((), device="cuda", dtype=torch.float32)
-    torch.sum(x, dim=0, dtype=torch.float32, out=out)
+def _median_seconds(fn: Callable[[], object], reps: int = 10) -> float:
+    """Median seconds of ``fn`` on the current stream (CUDA events), after one call that warms it."""
+    fn()
     times = []
     for _ in range(reps):
         s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         s.record()
-        torch.sum(x, dim=0, dtype=torch.float32, out=out)
+        fn()
         e.record()
         torch.cuda.synchronize()
         times.append(s.elapsed_time(e) * 1e-3)
-    del x
+    return statistics.median(times)
+
+
+def hbm_read_bandwidth(nbytes: int = 2 << 30, reps: int = 10) -> float:
+    """Bytes/s a large torch reduction reads from HBM (the bandwidth of ``hbm_floor_us``)."""
+    x = torch.randn(nbytes // 2, device="cuda", dtype=torch.bfloat16)
+    out = torch.empty((), device="cuda", dtype=torch.float32)
+    seconds = _median_seconds(lambda x=x, out=out: torch.sum(x, dim=0, dtype=torch.float32, out=out), reps)
+    del x, out
     torch.cuda.empty_cache()
-    return nbytes / statistics.median(times)
+    return nbytes / seconds
+
+
+def copy_bandwidth() -> float:
+    """Bytes/s of a plain 1 GiB device-to-device copy, median of 10: the DRAM floor's bandwidth.
+
+    Bytes read + written over the time: the DRAM moves both, and all of it is what a GEMM streaming its
+    weights (reads, a few KB written) could spend on them."""
+    nbytes = 1 << 30
+    src = torch.randn(nbytes // 2, device="cuda", dtype=torch.bfloat16)
+    dst = torch.empty_like(src)
+    seconds = _median_seconds(lambda src=src, dst=dst: dst.copy_(src))
+    del src, dst
+    torch.cuda.empty_cache()
+    return 2 * nbytes / seconds
 
 
 def graph_launch_floor() -> float:
