@@ -29,7 +29,10 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "python"))
 from bench_audit import find_cuobjdump  # noqa: E402 (on PATH, else the nvidia-cuda-cuobjdump wheel's)
 
 from slim_kernel.audit.demangle import demangle  # noqa: E402
-from slim_kernel.jit import cache  # noqa: E402
+from slim_kernel.jit import (
+    cache,  # noqa: E402
+    rules,  # noqa: E402
+)
 from slim_kernel.jit import catalogue as cat  # noqa: E402
 
 _INSN = re.compile(r"^\s*/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z0-9_]+)[.\s;]")
@@ -94,7 +97,7 @@ def instance_sass(op: str, cfg, m: int, out_dtype: str, compiler: str):
 def instance_rows(op: str, variants: list[str], ms: list[int], out_dtype: str, compiler: str) -> list[list]:
     rows = []
     for name in variants:
-        cfg = cat.VARIANTS[op].get(name) or cat.parse_config(name)
+        cfg = cat.VARIANTS[op].get(name) or rules.parse_config(name)
         for m in ms:
             if not cat.variant_serves(cfg, op, m):
                 continue

@@ -15,6 +15,7 @@ from slim_kernel.backend import Geometry
 from slim_kernel.backends import jit as jb
 from slim_kernel.jit import catalogue as cat
 from slim_kernel.jit import routed
+from slim_kernel.jit import rules as tile_rules
 from slim_kernel.names import FUSED_A, ROUTER
 
 KERNELS = Path(cat.__file__).resolve().parent / "kernels"
@@ -176,9 +177,9 @@ def test_direct_instances_bucket_tokens_and_refuse_past_16():
 
 
 def test_rules_parse_and_reject():
-    rules = cat.parse_rules("8:kernel=narrow,rows=3;64:rt=1,stages=8", ROUTER)
+    rules = tile_rules.parse_rules("8:kernel=narrow,rows=3;64:rt=1,stages=8", ROUTER)
     assert rules[0] == (8, cat.Narrow(rows=3)) and rules[1] == (64, cat.Skinny(rt=1, stages=8))
-    assert cat.rule_for(rules, 9) == cat.Skinny(rt=1, stages=8)
+    assert tile_rules.rule_for(rules, 9) == cat.Skinny(rt=1, stages=8)
     for bad, match in [("rt=0", "rt 1..8"), ("8:rt=1", "cover M up to"), ("foo=1", "keys of kernel=skinny"),
                        ("kernel=narrow,tokens=8", "serves M <= 8"), ("kernel=narrow,tokens=17", "tokens 1..16"),
                        ("kernel=narrow,exactk=7164", "exactk 0 or a positive multiple of 8"),
@@ -189,7 +190,7 @@ def test_rules_parse_and_reject():
                        ("32:kernel=direct;64:rt=1", "serves M <= 16"),
                        ("kernel=bogus", "kernel must be one of"), ("rt=x", "want an integer"), ("x:rt=1", "MAXM")]:
         with pytest.raises(ValueError, match=match):
-            cat.parse_rules(bad, ROUTER)
+            tile_rules.parse_rules(bad, ROUTER)
 
 
 def test_env_rules_are_checked_when_a_call_is_planned(monkeypatch):

@@ -23,6 +23,7 @@ from slim_kernel import devices, info, models, registry, routing
 from slim_kernel.backends import jit as jb
 from slim_kernel.jit import catalogue as cat
 from slim_kernel.jit import routed
+from slim_kernel.jit import rules as tile_rules
 from slim_kernel.jit.arch import limits
 from slim_kernel.jit.routed import config_for
 from slim_kernel.jit.runtime import KernelLoadError
@@ -113,7 +114,7 @@ def test_rules_that_do_not_fit_are_declined_before_any_load(monkeypatch):
     """Tile rules sized for an H100 on a 99 KiB device: the JIT backend declines (CallNotServed), loading nothing."""
     _fake(monkeypatch, "rtx-pro-6000")
     monkeypatch.setattr("slim_kernel.jit.get_kernel", lambda *a: pytest.fail("a kernel was loaded"))
-    monkeypatch.setitem(routed._RULES, FUSED_A, cat.parse_rules("64:kernel=skinny,warps=8,stages=8,split=1", FUSED_A))
+    monkeypatch.setitem(routed._RULES, FUSED_A, tile_rules.parse_rules("64:kernel=skinny,warps=8,stages=8,split=1", FUSED_A))
     with pytest.raises(registry.CallNotServed, match="shared memory per CTA, the device allows 101376"):
         jb.prepare_fused_a(_fused_a_call(), None, False)
 

@@ -32,7 +32,7 @@ VARIABLES: dict[str, str] = {
     ENV_JIT: "a kernel missing from the JIT cache: compile, cache-only or cache-or-fallback",
     ENV_SMEM_ROOM: "bytes of an SM's shared memory left for the kernel before ours",
     "SLIM_KERNEL_BACKEND_<OP>": "pins an op's backend",
-    "SLIM_KERNEL_JIT_CONFIG_<OP>": "the JIT tile rules of an op (jit/catalogue.py parse_rules)",
+    "SLIM_KERNEL_JIT_CONFIG_<OP>": "the JIT tile rules of an op (jit/rules.py)",
     ENV_COMPILER: "the JIT compiler: nvrtc or nvcc",
     ENV_CACHE_DIR: "the cache directory (JIT cubins, tuned routing tables)",
     ENV_FLASHINFER_DIRECT: "0: bmm_fp8 through flashinfer's public call only",

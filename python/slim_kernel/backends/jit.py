@@ -10,7 +10,7 @@ the call raises. Importing this module imports only torch; the JIT runtime loads
 
 Environment (read when a call is first planned; ``set_config`` changes the rules at run time):
   SLIM_KERNEL_JIT_CONFIG_DSV3_ROUTER_GEMM   tile rules, e.g. "8:kernel=narrow,rows=2;64:rt=1,stages=8"
-  SLIM_KERNEL_JIT_CONFIG_DSV3_FUSED_A_GEMM  (syntax: jit/catalogue.py parse_rules)
+  SLIM_KERNEL_JIT_CONFIG_DSV3_FUSED_A_GEMM  (syntax: jit/rules.py)
 """
 
 from __future__ import annotations

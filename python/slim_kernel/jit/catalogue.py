@@ -16,14 +16,14 @@ in ``kernels/`` (design notes there):
 
 A family config is a frozen dataclass with ``instance(op, m, out_dtype, shape=None)`` (``shape`` =
 the call's (N, K); None = the tuned shape), ``geometry(n, k, sm_count)`` and ``smem(m, shape=None)``
-(mirrors of the ``*_smem_bytes`` formulas in the ``.cuh`` files; the kernels trap when launched with less). Tile rules (``"8:kernel=narrow,rows=2;16:rt=1,stages=8"``)
-map M ranges to configs; the measured routing table (``slim_kernel/routing.py``) names a
+(mirrors of the ``*_smem_bytes`` formulas in the ``.cuh`` files; the kernels trap when launched with less). Tile rules
+(``jit/rules.py``) map M ranges to configs; the measured routing table (``slim_kernel/routing.py``) names a
 configuration from :data:`VARIANTS` per shape and M.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
 from .. import models
 from ..names import FUSED_A, ROUTER
@@ -316,58 +316,6 @@ def _make(op: str, out_dtype: str, signature: str = POINTER_SIGNATURE, **defines
     if op == ROUTER:
         defines["SK_OUT_BF16"] = int(out_dtype == "bfloat16")
     return KernelInstance.make(source, entry, signature, **defines)
-
-
-def parse_config(text: str) -> GemmConfig:
-    """``"kernel=narrow,rows=3"`` (``kernel`` defaults to skinny) -> a family config."""
-    items = {}
-    for item in filter(None, (f.strip() for f in text.split(","))):
-        key, eq, value = item.partition("=")
-        if not eq:
-            raise ValueError(f"bad JIT config item {item!r} in {text!r} (want key=value)")
-        items[key.strip()] = value.strip()
-    family = FAMILIES.get(items.pop("kernel", "skinny"))
-    if family is None:
-        raise ValueError(f"bad JIT config {text!r}: kernel must be one of {', '.join(FAMILIES)}")
-    names = [f.name for f in fields(family)]
-    for key, value in items.items():
-        if key not in names:
-            raise ValueError(f"bad JIT config item {key!r} in {text!r} (keys of kernel={family.kernel}: "
-                             f"{', '.join(names)})")
-        if not value.lstrip("-").isdigit():
-            raise ValueError(f"bad JIT config item {key}={value!r} in {text!r} (want an integer)")
-    return family(**{k: int(v) for k, v in items.items()})
-
-
-Rules = tuple[tuple[int, GemmConfig], ...]
-
-
-def parse_rules(text: str, op: str) -> Rules:
-    """``"8:kernel=narrow;64:rt=1,stages=8"`` -> ((max_m, config), ...), sorted, covering M up to MAX_M."""
-    rules = []
-    for part in filter(None, (p.strip() for p in text.split(";"))):
-        max_m, sep, body = part.partition(":")
-        if not sep:
-            max_m, body = str(MAX_M), part
-        if not max_m.strip().isdigit():
-            raise ValueError(f"bad JIT rule {part!r} in {text!r}: want MAXM:config")
-        cfg = parse_config(body)
-        if op not in cfg.ops:
-            raise ValueError(f"JIT config {body!r}: kernel={cfg.kernel} does not serve {op}")
-        rules.append((int(max_m), cfg))
-    rules.sort(key=lambda r: r[0])
-    if not rules or rules[-1][0] < MAX_M:
-        raise ValueError(f"JIT rules {text!r} must cover M up to {MAX_M}")
-    lo = 1
-    for max_m, cfg in rules:
-        if max_m >= lo and max_m > cfg.max_m():
-            raise ValueError(f"JIT rules {text!r}: kernel={cfg.kernel} serves M <= {cfg.max_m()}, not M={lo}..{max_m}")
-        lo = max(lo, max_m + 1)
-    return tuple(rules)
-
-
-def rule_for(rules: Rules, m: int) -> GemmConfig:
-    return next(cfg for max_m, cfg in rules if m <= max_m)
 
 
 # The configurations the benchmark measures and the routing table may name, each with what it is for (the

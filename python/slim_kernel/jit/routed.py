@@ -17,22 +17,23 @@ import os
 
 from .. import knobs, routing
 from . import catalogue as cat
+from . import rules as tile_rules
 from .arch import Limits, limits
 from .spec import KernelInstance
 
-_RULES: dict[str, cat.Rules | None] = {}  # op -> rules set at run time or from the environment
+_RULES: dict[str, tile_rules.Rules | None] = {}  # op -> rules set at run time or from the environment
 
 
 def env_var(op: str) -> str:
     return knobs.jit_config_var(op)
 
 
-def rules(op: str) -> cat.Rules | None:
+def rules(op: str) -> tile_rules.Rules | None:
     """The tile rules in force for ``op`` (set_config, else the environment), or None (routing decides)."""
     if op not in _RULES:
         text = os.environ.get(env_var(op))
         try:
-            _RULES[op] = cat.parse_rules(text, op) if text else None
+            _RULES[op] = tile_rules.parse_rules(text, op) if text else None
         except ValueError as exc:
             raise ValueError(f"{env_var(op)}: {exc}") from None
     return _RULES[op]
@@ -40,7 +41,7 @@ def rules(op: str) -> cat.Rules | None:
 
 def set_config(op: str, text_or_rules) -> None:
     """Replace ``op``'s tile rules (a rule string, parsed rules, or None: back to the routing table)."""
-    _RULES[op] = cat.parse_rules(text_or_rules, op) if isinstance(text_or_rules, str) else text_or_rules
+    _RULES[op] = tile_rules.parse_rules(text_or_rules, op) if isinstance(text_or_rules, str) else text_or_rules
     knobs.bump()
 
 
@@ -70,7 +71,7 @@ def config_for(op: str, m: int, variant: str | None, shape: tuple[int, int] | No
     the first in catalogue order that fits; the fallback where none does (the caller's check then declines)."""
     r = rules(op)
     if r is not None:
-        return "rules", cat.rule_for(r, m)
+        return "rules", tile_rules.rule_for(r, m)
     order = [variant or "", cat.FALLBACK_VARIANT] + (list(cat.VARIANTS[op]) if lim is not None else [])
     for name in order:
         cfg = cat.VARIANTS[op].get(name)
