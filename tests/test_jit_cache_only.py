@@ -164,6 +164,22 @@ def test_routed_instances_of_the_tuned_shapes_are_catalogued():
     assert {dict(i.defines)["SK_FAMILY"] for _, i in other} == {0}
 
 
+def test_precompile_without_a_gpu_covers_every_shipped_device_of_the_arch(monkeypatch):
+    """An image built on a CPU machine serves whichever measured Hopper it lands on: the routed instances are
+    the union of what each shipped group (the H200's, the H100's) routes, and each group alone misses some."""
+    devs = routed.target_devices("sm_90a")
+    assert {d.name for d in devs} >= {"NVIDIA H200", "NVIDIA H100 80GB HBM3"}
+    assert routed.target_device("sm_90a") == devs[0]
+    shapes = models.model_shapes("deepseek-v3")
+    union = set(routed.routed_instances("sm_90a", shapes))
+    per_device = []
+    for dev in devs:
+        monkeypatch.setattr(routed, "target_devices", lambda arch, dev=dev: [dev])
+        per_device.append(set(routed.routed_instances("sm_90a", shapes)))
+    assert set().union(*per_device) == union
+    assert all(one < union for one in per_device)  # neither device's picks alone cover the other's
+
+
 @pytest.mark.parametrize("argv,message", [
     (["--model", "llama"], "unknown model 'llama' (known: deepseek-v3, kimi-k2"),
     (["--router", "256"], "--router wants E,K[,out]"),

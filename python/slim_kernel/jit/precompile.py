@@ -3,7 +3,8 @@ fill the JIT cache ahead of time.
 
 With shapes (a model's, or given one by one: ``slim_kernel/models.py``) it compiles exactly the
 instances the routing can pick for them on each listed arch (``jit/routed.py``: every M of the JIT
-window, both launch contexts, the installed flashinfer version, the tile rules in force); without,
+window, both launch contexts, the installed flashinfer version, the tile rules in force; for the
+visible GPU of that arch, else every GPU a shipped table measured on it); without,
 every kernel instantiation of the catalogue. In parallel, with no GPU needed, so an image can ship
 a warm cache and serve with ``SLIM_KERNEL_JIT=cache-only``. At the end every entry is re-read from disk and
 verified, and one summary line counts those: compiled by this run, or already present (before the

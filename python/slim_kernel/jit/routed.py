@@ -82,8 +82,15 @@ def config_for(op: str, m: int, variant: str | None, shape: tuple[int, int] | No
 
 
 def target_device(arch: str) -> routing.Device:
-    """The GPU precompile and info route for on ``arch``: the visible GPU of that arch, else the
-    device the shipped table was measured on (with that arch), else the arch's reference part (jit.arch.LIMITS)."""
+    """The GPU info routes for on ``arch``: the visible GPU of that arch, else the device the shipped table
+    was measured on first (with that arch), else the arch's reference part (jit.arch.LIMITS)."""
+    return target_devices(arch)[0]
+
+
+def target_devices(arch: str) -> list[routing.Device]:
+    """The GPUs precompile routes for on ``arch``: the visible GPU of that arch; with none visible (an image
+    built on a CPU machine), every device a shipped table of the arch was measured on, so the cache serves
+    each of them; else the arch's reference part (jit.arch.LIMITS)."""
     want = routing_arch(arch)
     try:
         import torch
@@ -94,12 +101,12 @@ def target_device(arch: str) -> routing.Device:
             for i in range(torch.cuda.device_count()):
                 dev = routing_device(torch.device("cuda", i))
                 if dev.arch == want:
-                    return dev
-    except Exception:  # noqa: BLE001 - no torch or driver: route for the shipped table's device
+                    return [dev]
+    except Exception:  # noqa: BLE001 - no torch or driver: route for the shipped tables' devices
         pass
-    tab, reference = routing.table(want), limits(want).sms or limits("sm_90").sms
-    return routing.Device(tab.device or "unknown", tab.sms or reference, want) if tab else \
-        routing.Device("unknown", reference, want)
+    reference = limits(want).sms or limits("sm_90").sms
+    shipped = [routing.Device(t.device or "unknown", t.sms or reference, want, t.memory_gbps) for t in routing.tables(want)]
+    return list(dict.fromkeys(shipped)) or [routing.Device("unknown", reference, want)]
 
 
 def routing_arch(arch: str) -> str:
@@ -163,16 +170,17 @@ def _name(fingerprints: dict) -> str:
 
 def routed_instances(arch: str, shapes) -> list[tuple[str, KernelInstance]]:
     """``(op, instance)`` for every instance the JIT backend can launch on ``arch`` for ``shapes``
-    (``models.Shape``s) at M = 1..MAX_M, in both launch contexts: the configurations that fit the arch's limits."""
-    device = target_device(arch)
-    lim = dataclasses.replace(limits(arch), sms=device.sms)
+    (``models.Shape``s) at M = 1..MAX_M, in both launch contexts, on each of :func:`target_devices`: the
+    configurations that fit the arch's limits."""
     out: list[tuple[str, KernelInstance]] = []
-    for shape in shapes:
-        for m in range(1, cat.MAX_M + 1):
-            for pdl in (True, False):
-                _, cfg = config_for(shape.op, m, routed_variant(shape.op, shape.key(), m, device, pdl),
-                                    (shape.n, shape.k), lim)
-                pair = (shape.op, cfg.instance(shape.op, m, shape.out, (shape.n, shape.k)))
-                if pair not in out:
-                    out.append(pair)
+    for device in target_devices(arch):
+        lim = dataclasses.replace(limits(arch), sms=device.sms)
+        for shape in shapes:
+            for m in range(1, cat.MAX_M + 1):
+                for pdl in (True, False):
+                    _, cfg = config_for(shape.op, m, routed_variant(shape.op, shape.key(), m, device, pdl),
+                                        (shape.n, shape.k), lim)
+                    pair = (shape.op, cfg.instance(shape.op, m, shape.out, (shape.n, shape.k)))
+                    if pair not in out:
+                        out.append(pair)
     return out
