@@ -21,11 +21,11 @@ The summary (one per GPU folder) has one row per measured decode-step point (bot
 path's choice and time, the best anchor (every ``anchor:*`` column of the run) and the ratio, the DRAM
 floor (the weight bytes over a bandwidth the same run measured: ``floor_us``, ``floor_source`` ``copy`` for a
 plain device copy's, ``read`` for the large read's in runs made before they measured the copy) and the
-default's time over it (``floor_ratio``), and after a tune of an unnamed shape the tuned default's ratio. A folder whose runs' default read another GPU's
-table (``REPLAYED``: the H100 runs, made while the table held the H200 alone) adds to each row what this
-table picks for that GPU and what that candidate measured in the same run over the best anchor
-(``table_backend``, ``table_us``, ``table_ratio``); ``--standing`` prints every GPU's standing with this
-table that way.
+default's time over it (``floor_ratio``), and after a tune of an unnamed shape the tuned default's ratio.
+A folder whose runs' default read another GPU's table (``REPLAYED``: the H100 runs, made while the table
+held the H200 alone) adds to each row what this table picks for that GPU and what that candidate measured
+in the same run over the best anchor (``table_backend``, ``table_us``, ``table_ratio``); ``--standing``
+prints every GPU's standing with this table that way.
 """
 
 from __future__ import annotations

@@ -323,8 +323,8 @@ def _make(op: str, out_dtype: str, signature: str = POINTER_SIGNATURE, **defines
 # for the settings that tell it apart, each letter with one meaning in every family: r<N> weight rows per
 # CTA, t<N> threads, n<N> rounds over K (default 1), k<N> the fitted K in units of 1024 (default 7), c<N> a
 # register cap, s<N> CTAs per cluster splitting K, a<N> warps, w<N> ring stages, p<N> pieces per row and
-# stage; g L1-allocating loads, l the PDL trigger after the FMAs, b bulk copies (cp.async.bulk) into the ring. Older names (ALIASES) still find their
-# configuration wherever a name is read (tables, tools).
+# stage; g L1-allocating loads, l the PDL trigger after the FMAs, b bulk copies (cp.async.bulk) into the
+# ring. Older names (ALIASES) still find their configuration wherever a name is read (tables, tools).
 _VARIANTS: dict[str, dict[str, GemmConfig]] = {
     ROUTER: {
         "skinny": Skinny(rt=1, stages=8, warps=4, split=0),  # any shape and M: the fallback
