@@ -57,10 +57,13 @@ def test_tuned_table_is_used_by_a_fresh_process_and_survives_failed_runs(tmp_pat
     tables = list((tmp_path / "routing").glob("*.json"))
     assert len(tables) == 1
     data = json.loads(tables[0].read_text())
-    assert data["device"] == torch.cuda.get_device_name() and data["sms"] == torch.cuda.get_device_properties(0).multi_processor_count
+    assert data["schema"] == 2 and len(data["measurements"]) == 1
+    group = data["measurements"][0]
+    assert group["device"] == torch.cuda.get_device_name()
+    assert group["sms"] == torch.cuda.get_device_properties(0).multi_processor_count
     for m in (1, 4):
         pick = _pick(tmp_path, m)
-        entry = next(e for e in data["entries"] if e["m"] == m and not e["pdl"])
+        entry = next(e for e in group["entries"] if e["m"] == m and not e["pdl"])
         # configurations that launch one kernel at this call were timed once and share its time
         fastest = {name for name, us in entry["us"].items() if us == min(entry["us"].values())}
         picked = f"{pick['backend']}:{pick['variant']}" if pick["variant"] else pick["backend"]
