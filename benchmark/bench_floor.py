@@ -2,13 +2,13 @@
 
 A read-only probe (``benchmark/floor_probe.cuh``, compiled through slim_kernel.jit): a grid of one CTA per SM
 (or two) streams its contiguous share of exactly the weight bytes into shared memory through a ring of bulk
-copies and mbarriers, as the bulk stream GEMMs do, without their math, and stores one folded word per CTA (checked
-against the host's fold of the same bytes before it is timed). It is timed as bench_gemm times the GEMMs: the
-decode-step pattern after the plain (PDL-unaware) producer, weights rotated over more than twice the L2
-(``slim_kernel/timing.py``). Swept in the same run: ring stages x bytes per stage x bytes per bulk copy x CTAs per
-SM (the configurations whose shared memory fits). Per case: the bytes, the steady floor (bytes / the bandwidth of
-a plain 1 GiB device copy, ``harness.copy_bandwidth``, measured in the same run), the probe's best time and its
-configuration, and the graph launch floor. A short table last; everything to --json.
+copies and mbarriers (the copy path of a GEMM fed by bulk copies, without any math) and stores one folded word
+per CTA (checked against the host's fold of the same bytes before it is timed). It is timed as bench_gemm times
+the GEMMs: the decode-step pattern after the plain (PDL-unaware) producer, weights rotated over more than twice
+the L2 (``slim_kernel/timing.py``). Swept in the same run: ring stages x bytes per stage x bytes per bulk
+copy x CTAs per SM (the configurations whose shared memory fits). Per case: the bytes, the steady floor
+(bytes / the bandwidth of a plain 1 GiB device copy, ``harness.copy_bandwidth``, measured in the same run), the
+probe's best time and its configuration, and the graph launch floor. A short table last; everything to --json.
 
     python benchmark/bench_floor.py --json OUT.json [--stages 4,8,16] [--stage-kb 8,16,32] [--copy-kb 1,4]
                                     [--ctas-per-sm 1,2]

@@ -146,15 +146,6 @@ def test_geometry():
     assert cat.Stream(rt=2).geometry(2624, 6144, 132) == ((82, 1, 1), (256, 1, 1), None)
     assert cat.Stream(stages=16).stages_for(1) == 16 > cat.Stream(stages=16).stages_for(9) >= 2
     assert cat.Stream().max_m() == 32 and not cat.variant_serves(cat.Stream(), FUSED_A, 33)
-    # the bulk mode: rows padded by 16 bytes, 2 KB pieces allowed there only, SK_BULK only where set
-    bulk = cat.Stream(stages=4, pieces=2, bulk=1)
-    assert bulk.smem(1) - cat.Stream(stages=4, pieces=2).smem(1) == 4 * (16 + 8) * 16
-    assert dict(bulk.instance(FUSED_A, 1, "bfloat16").defines)["SK_BULK"] == 1
-    assert "SK_BULK" not in dict(cat.Stream().instance(FUSED_A, 1, "bfloat16").defines)
-    assert cat.Stream(pieces=4, bulk=1).pieces == 4
-    for bad in (dict(pieces=4), dict(bulk=2), dict(pieces=3, bulk=1)):
-        with pytest.raises(ValueError, match="pieces 1 or 2 \\(4 with bulk\\)"):
-            cat.Stream(**bad)
     assert cat.Skinny(stages=16, warps=8).stages_for(9) < 16 <= cat.Skinny(stages=16, warps=8).stages_for(1) + 1
     # direct: 16-row tiles, K split over a cluster of `split` (never more ranks than 32-k blocks)
     assert cat.Direct(split=8).geometry(384, 7168, 132) == ((24, 8, 1), (128, 1, 1), (1, 8, 1))
@@ -231,7 +222,7 @@ def test_smem_formulas_match_the_kernels(tmp_path):
                     expr = f"slim::direct_smem_bytes({d['SK_NT']}, {d['SK_CW']})"
                 elif isinstance(cfg, cat.Stream):
                     expr = (f"slim::stream_smem_bytes({d['SK_NT']}, {d['SK_STAGES']}, {d['SK_PIECES']}, "
-                            f"{d.get('SK_RT', 1)}, {d.get('SK_BULK', 0)})")
+                            f"{d.get('SK_RT', 1)})")
                 else:
                     expr = f"slim::narrow_smem_bytes({d['SK_ROWS']}, {d['SK_MT']}, {d['SK_THREADS']})"
                 cases.append((expr, cfg.smem(m)))
@@ -326,7 +317,7 @@ def test_per_arch_limits_come_from_one_table():
 def test_variant_names_follow_one_rule_and_old_names_stay_aliases():
     import re
 
-    rule = re.compile(r"(skinny|narrow|ring|direct|stream)(_([rtnkcsawp]\d+|[glb])+)?")
+    rule = re.compile(r"(skinny|narrow|ring|direct|stream)(_([rtnkcsawp]\d+|[gl])+)?")
     for op, named in cat.VARIANTS.items():
         for name in named:
             assert rule.fullmatch(name), f"{op} {name}"

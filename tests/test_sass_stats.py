@@ -72,26 +72,3 @@ def test_weights_load_before_the_pdl_wait_and_activations_after(op, variant, tmp
             assert before == weights, f"{variant} M={m}: {before} {opcode} before the PDL wait, want {weights}"
     finally:
         cache.clear_memory()
-
-
-BULK_STREAMS = [name for name, cfg in cat.VARIANTS[cat.FUSED_A].items() if getattr(cfg, "bulk", 0)]
-
-
-@pytest.mark.needs_compiler("nvrtc")
-def test_the_bulk_streams_copy_with_bulk_copies_after_one_pdl_wait(tmp_path, monkeypatch):
-    # SK_BULK reaches the kernel: bulk copies (UBLKCP), no 16-byte cp.async (LDGSTS), one PDL wait; the twin
-    # without it the other way round
-    monkeypatch.setenv(cache.ENV_CACHE_DIR, str(tmp_path))
-    cache.clear_memory()
-    assert len(BULK_STREAMS) >= 3
-    try:
-        for name in BULK_STREAMS:
-            cfg = cat.VARIANTS[cat.FUSED_A][name]
-            for m in sorted({1, cfg.max_m()}):
-                _, ops = sass_stats.instance_sass(cat.FUSED_A, cfg, m, "bfloat16", "nvrtc")
-                assert "UBLKCP" in ops and "LDGSTS" not in ops and ops.count("ACQBULK") == 1, (name, m)
-        twin = cat.Stream(stages=4, pieces=2)
-        _, ops = sass_stats.instance_sass(cat.FUSED_A, twin, 1, "bfloat16", "nvrtc")
-        assert "UBLKCP" not in ops and "LDGSTS" in ops
-    finally:
-        cache.clear_memory()

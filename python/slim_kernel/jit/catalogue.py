@@ -233,17 +233,16 @@ class Stream:
     stages: int = 8  # ring depth (compile-time; fewer where M's stages would not fit)
     pieces: int = 1  # contiguous 512-byte pieces of every row in a stage (compile-time)
     rt: int = 1  # 16-row weight tiles per CTA (compile-time)
-    bulk: int = 0  # 1: each row's pieces of a stage in one bulk copy, rows padded by 16 bytes (compile-time)
 
     def __post_init__(self):
-        _check(2 <= self.stages <= 64 and self.pieces in ((1, 2, 4) if self.bulk else (1, 2)) and self.rt in (1, 2)
-               and self.bulk in (0, 1), self, "need stages 2..64, pieces 1 or 2 (4 with bulk), rt 1 or 2, bulk 0 or 1")
+        _check(2 <= self.stages <= 64 and self.pieces in (1, 2) and self.rt in (1, 2), self,
+               "need stages 2..64, pieces 1 or 2 and rt 1 or 2")
 
     def max_m(self, shape: tuple[int, int] | None = None) -> int:
         return 32  # 4 token tiles (stream_gemm.cuh: NT <= 4)
 
     def _stage(self, m: int) -> int:  # stream_stage_bytes in kernels/stream_gemm.cuh
-        return (16 * self.rt + 8 * token_tiles(m)) * (512 * self.pieces + 16 * self.bulk)
+        return (16 * self.rt + 8 * token_tiles(m)) * 512 * self.pieces
 
     def _fixed(self, m: int) -> int:  # kStreamBarrierBytes + partials_bytes(rt, nt, 4)
         return 1024 + _partials(self.rt, token_tiles(m), 4)
@@ -252,9 +251,9 @@ class Stream:
         return _stages_that_fit(self.stages, self._fixed(m), self._stage(m))
 
     def instance(self, op: str, m: int, out_dtype: str, shape: tuple[int, int] | None = None) -> KernelInstance:
-        opt = {k: v for k, v in (("SK_RT", self.rt if self.rt != 1 else 0), ("SK_BULK", self.bulk)) if v}  # when set
+        rt = {"SK_RT": self.rt} if self.rt != 1 else {}  # only when set: the others keep their keys
         return _make(op, out_dtype, SK_FAMILY=self.family, SK_NT=token_tiles(m), SK_STAGES=self.stages_for(m),
-                     SK_PIECES=self.pieces, **opt)
+                     SK_PIECES=self.pieces, **rt)
 
     def geometry(self, n: int, k: int, sm_count: int) -> tuple[tuple, tuple, tuple | None]:
         return (_cdiv(n, 16 * self.rt), 1, 1), (256, 1, 1), None
@@ -323,8 +322,8 @@ def _make(op: str, out_dtype: str, signature: str = POINTER_SIGNATURE, **defines
 # for the settings that tell it apart, each letter with one meaning in every family: r<N> weight rows per
 # CTA, t<N> threads, n<N> rounds over K (default 1), k<N> the fitted K in units of 1024 (default 7), c<N> a
 # register cap, s<N> CTAs per cluster splitting K, a<N> warps, w<N> ring stages, p<N> pieces per row and
-# stage; g L1-allocating loads, l the PDL trigger after the FMAs, b bulk copies (cp.async.bulk) into the
-# ring. Older names (ALIASES) still find their configuration wherever a name is read (tables, tools).
+# stage; g L1-allocating loads, l the PDL trigger after the FMAs. Older names (ALIASES) still find their
+# configuration wherever a name is read (tables, tools).
 _VARIANTS: dict[str, dict[str, GemmConfig]] = {
     ROUTER: {
         "skinny": Skinny(rt=1, stages=8, warps=4, split=0),  # any shape and M: the fallback
@@ -362,11 +361,6 @@ _VARIANTS: dict[str, dict[str, GemmConfig]] = {
         "stream_w3p2": Stream(stages=3, pieces=2),  # N past 132 x 16 rows, M 1-16: two CTAs per SM, one wave
         "stream_r32w4p2": Stream(stages=4, pieces=2, rt=2),  # N 2624-3648, M 1-32: 32 rows a CTA, one wave
         "stream_r32w8p1": Stream(stages=8, pieces=1, rt=2),  # the same in 8 stages (N=2624, M 17-30)
-        "stream_w4p2b": Stream(stages=4, pieces=2, bulk=1),  # unmeasured: the bulk twin of stream_w4p2
-        "stream_w3p2b": Stream(stages=3, pieces=2, bulk=1),  # unmeasured: the bulk twin of stream_w3p2
-        "stream_r32w4p2b": Stream(stages=4, pieces=2, rt=2, bulk=1),  # unmeasured: the bulk twin of stream_r32w4p2
-        "stream_w8p2b": Stream(stages=8, pieces=2, bulk=1),  # unmeasured: a deeper bulk ring, 128 KB of weights a CTA
-        "stream_w4p4b": Stream(stages=4, pieces=4, bulk=1),  # unmeasured: 2 KB copies, half as many per CTA
         # narrow: a CTA per 1-8 rows over the whole K, spreading thin weights over SMs stream's 16-row CTAs leave idle
         "narrow_r1t896": Narrow(rows=1, cpt=1, threads=896, tokens=16, exactk=7168),  # N 576-704, M 5-7
         "narrow_r2t896": Narrow(rows=2, cpt=1, threads=896, tokens=10, exactk=7168),  # M 1-6

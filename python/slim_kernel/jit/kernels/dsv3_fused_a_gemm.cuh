@@ -12,17 +12,13 @@
 //   narrow: SK_ROWS, SK_MT, SK_CPT, SK_THREADS and the optional SK_PLAIN, SK_LATE, SK_MAXNREG, SK_EXACTK as in
 //           dsv3_router_gemm.cuh
 //   stream: SK_NT, SK_STAGES (mbarrier ring depth), SK_PIECES (contiguous 512-byte pieces of each row per stage),
-//           SK_RT (optional: 16-row weight tiles per CTA, 1 or 2), SK_BULK (optional, 1: each row's pieces in
-//           one bulk copy per stage)
+//           SK_RT (optional: 16-row weight tiles per CTA, 1 or 2)
 #include "narrow_gemm.cuh"
 #include "skinny_gemm.cuh"
 #include "stream_gemm.cuh"
 
 #ifndef SK_RT
 #define SK_RT 1
-#endif
-#ifndef SK_BULK
-#define SK_BULK 0
 #endif
 
 #if SK_FAMILY != 0 && SK_FAMILY != 1 && SK_FAMILY != 3
@@ -46,6 +42,6 @@ dsv3_fused_a_gemm_kernel(const __nv_bfloat16* __restrict__ mat_a, const __nv_bfl
 #elif SK_FAMILY == 1
     slim::narrow_instance<true>(mat_a, weight, out, M, N, K, ld_a, ld_weight, ld_out);
 #else
-    slim::stream_gemm<SK_NT, SK_STAGES, true, SK_PIECES, SK_RT, SK_BULK != 0>(mat_a, weight, out, M, N, K, ld_a, ld_weight, ld_out);
+    slim::stream_gemm<SK_NT, SK_STAGES, true, SK_PIECES, SK_RT>(mat_a, weight, out, M, N, K, ld_a, ld_weight, ld_out);
 #endif
 }

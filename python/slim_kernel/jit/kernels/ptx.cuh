@@ -119,7 +119,7 @@ __device__ __forceinline__ void mbar_arrive(unsigned bar) {
 __device__ __forceinline__ void cp_async_mbar_arrive_noinc(unsigned bar) {
     asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" :: "r"(bar) : "memory");
 }
-// The bulk-copy (TMA, no tensor map) side of an mbarrier ring (stream_gemm.cuh SK_BULK, benchmark/bench_floor.py):
+// The bulk-copy (TMA, no tensor map) side of an mbarrier ring (benchmark/floor_probe.cuh):
 // an arrival on bar that also raises the phase's expected transaction bytes by `bytes`, made by the thread
 // that then issues the copies of those bytes, so the phase completes once the arrivals are in and the bytes
 // have landed.
@@ -135,9 +135,6 @@ __device__ __forceinline__ void cp_async_bulk_g2s(unsigned dst, const void* src,
 // After mbar_init of barriers a bulk copy completes on: the initialisation made visible to the async proxy.
 __device__ __forceinline__ void fence_mbar_init() {
     asm volatile("fence.mbarrier_init.release.cluster;\nfence.proxy.async.shared::cta;\n" ::: "memory");
-}
-__device__ __forceinline__ void st_shared_zero16(unsigned addr) {
-    asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" :: "r"(addr), "r"(0u) : "memory");
 }
 __device__ __forceinline__ bool mbar_try_wait(unsigned bar, unsigned parity) {
     unsigned done;

@@ -5,7 +5,7 @@
 //  * 256 threads in three roles: warps 0-1 copy the CTA's 16*RT weight rows, warps 2-3 the tokens,
 //    warps 4-7 compute (swap-AB mma.sync.m16n8k16, fragments read with ldmatrix).
 //  * Ring stage s holds k [KS*s, KS*(s + 1)) of every row, KS = 256P: P contiguous 512-byte pieces
-//    (P = 1 or 2; 4 in the bulk mode); compute warp w takes k [KS*s + 64Pw, +64P). One loader warp instruction copies
+//    (P = 1 or 2); compute warp w takes k [KS*s + 64Pw, +64P). One loader warp instruction copies
 //    one piece of a row (lane = 16-byte chunk): whole lines, each requested once, so the copies
 //    prefetch 128 bytes into L2, not 256. Longer pieces in fewer stages stream faster: at M <= 16
 //    two pieces in 4 stages beat one piece in 8 (the same ring bytes) by 0.1-0.25 us, and one piece
@@ -25,18 +25,9 @@
 //    it does not sit on the SMs for the whole GEMM. Triggered at entry, a PDL-aware RMSNorm after the
 //    GEMM started 8-13 us before its end and the GEMM ran 0.1-0.5 us longer (H200, a kernel timeline).
 //  * The four compute warps' partials are summed in a fixed order (reduce.cuh).
-//  * BULK (SK_BULK): each row's 512P bytes of a stage land in one bulk copy (cp.async.bulk, no tensor map)
-//    issued by the loader lane that owns the row (lane j of loader warp w: row w + 2j), which first arms
-//    the stage's "full" mbarrier for those bytes (mbarrier.arrive.expect_tx; the barrier counts one
-//    arrival per copied row, so absent rows and tokens are neither copied nor expected). One instruction
-//    moves 512P bytes where a cp.async warp instruction moves 512, so P may be 4 (2 KB copies). Rows are
-//    padded to 512P + 16 bytes instead of swizzled: row r's chunk c sits in bank group (r + c) % 8, so the
-//    ldmatrix reads stay conflict-free. K past the row's end: the last stage copies only the bytes inside
-//    K and its lane zeroes the rest of the row's slot (the last use of that slot), so k >= K still reads
-//    zeros on both sides.
 //
 // Launch contract (slim_kernel/jit/catalogue.py, family "stream"):
-//   grid (ceil(N / (16 * RT)), 1, 1), block 256 threads, dynamic smem = stream_smem_bytes(NT, STAGES, P, RT, BULK).
+//   grid (ceil(N / (16 * RT)), 1, 1), block 256 threads, dynamic smem = stream_smem_bytes(NT, STAGES, P, RT).
 //   Requirements: K % 8 == 0, lda % 8 == 0, ldw % 8 == 0, act/w 16-byte aligned, M <= 8*NT.
 #pragma once
 #include "reduce.cuh"
@@ -45,22 +36,14 @@ namespace slim {
 
 constexpr int kStreamThreads = 256;
 constexpr int kStreamBarrierBytes = 1024;  // the full and empty mbarriers of up to 64 stages, first
-// A row's bytes in one stage: 512P, padded by 16 in the bulk mode.
-__host__ __device__ constexpr int stream_row_bytes(int p, int bulk = 0) { return 512 * p + 16 * bulk; }
-__host__ __device__ constexpr int stream_stage_bytes(int nt, int p, int rt = 1, int bulk = 0) {
-    return (16 * rt + 8 * nt) * stream_row_bytes(p, bulk);
-}
-__host__ __device__ constexpr int stream_smem_bytes(int nt, int stages, int p, int rt = 1, int bulk = 0) {
-    return kStreamBarrierBytes + stages * stream_stage_bytes(nt, p, rt, bulk) + partials_bytes(rt, nt, 4);
+__host__ __device__ constexpr int stream_stage_bytes(int nt, int p, int rt = 1) { return (16 * rt + 8 * nt) * 512 * p; }
+__host__ __device__ constexpr int stream_smem_bytes(int nt, int stages, int p, int rt = 1) {
+    return kStreamBarrierBytes + stages * stream_stage_bytes(nt, p, rt) + partials_bytes(rt, nt, 4);
 }
 
-// Shared-memory offset, in a tile of 512P-byte rows (P = ROW / 512), of 16-byte chunk c of row r: swizzled
-// (chunk c ^ (r % 8)), or in the bulk mode at its own place in a row padded by 16 bytes.
-template <int ROW, bool BULK>
-__device__ __forceinline__ unsigned stream_slot(int r, int c) {
-    if constexpr (BULK) return (unsigned)(r * (ROW + 16) + (c << 4));
-    return (unsigned)(r * ROW + ((c ^ (r & 7)) << 4));
-}
+// Shared-memory offset, in a tile of ROW-byte rows, of 16-byte chunk c of row r.
+template <int ROW>
+__device__ __forceinline__ unsigned stream_slot(int r, int c) { return (unsigned)(r * ROW + ((c ^ (r & 7)) << 4)); }
 
 // One loader warp's side of the ring: rows wr + 2j (j < J, only those < valid) of src, the
 // lane's chunk of each of the stage's P pieces, into the tile at `tile` of every stage.
@@ -76,7 +59,7 @@ __device__ __forceinline__ void stream_load(const __nv_bfloat16* __restrict__ sr
     const long long rstep = 4LL * ld;  // bytes between rows wr + 2j and wr + 2j + 2
     unsigned to[J];
 #pragma unroll
-    for (int j = 0; j < J; ++j) to[j] = tile + stream_slot<512 * P, false>(wr + 2 * j, lane);
+    for (int j = 0; j < J; ++j) to[j] = tile + stream_slot<512 * P>(wr + 2 * j, lane);
     const int rows = valid - wr > 0 ? (valid - wr + 1) / 2 : 0;  // rows j < rows are copied
     for (int s = 0; s < nst; ++s, k += KS, from += 2 * KS) {
         const int slot = s % STAGES;
@@ -94,40 +77,15 @@ __device__ __forceinline__ void stream_load(const __nv_bfloat16* __restrict__ sr
     }
 }
 
-// The bulk mode's loader: lane j copies row wr + 2j (j < J, rows < valid) of src, 512P bytes a stage in one
-// bulk copy into the tile at `tile` of every stage (rows stream_row_bytes(P, 1) apart); lanes without a row
-// return at once. Each stage: wait until the slot is free, arm `full` for the row's bytes, copy.
-template <int J, int STAGES, int STAGE, int P>
-__device__ __forceinline__ void stream_load_bulk(const __nv_bfloat16* __restrict__ src, int ld, int wr, int valid,
-                                                 int lane, int K, int nst, unsigned full, unsigned empty, unsigned tile) {
-    constexpr int KS = 256 * P, ROW = 512 * P;  // k and bytes of a row per stage
-    const int r = wr + 2 * lane;
-    if (lane >= J || r >= valid) return;
-    const char* from = reinterpret_cast<const char*>(src + (long long)r * ld);
-    const unsigned to = tile + (unsigned)(r * stream_row_bytes(P, 1));
-    for (int s = 0; s < nst; ++s, from += 2 * KS) {
-        const int slot = s % STAGES;
-        if (s >= STAGES) mbar_wait(empty + 8 * slot, ((s / STAGES) & 1) ^ 1);
-        const unsigned dst = to + (unsigned)(slot * STAGE);
-        const int left = 2 * (K - s * KS);  // > 0: s < nst; a multiple of 16: K % 8 == 0
-        const int bytes = left < ROW ? left : ROW;
-        for (int z = bytes; z < ROW; z += 16) st_shared_zero16(dst + z);  // past K (the last stage only)
-        mbar_arrive_expect_tx(full + 8 * slot, (unsigned)bytes);
-        cp_async_bulk_g2s(dst, from, (unsigned)bytes, full + 8 * slot);
-    }
-}
-
-template <int NT, int STAGES, bool OUT_BF16, int P, int RT = 1, bool BULK = false>
+template <int NT, int STAGES, bool OUT_BF16, int P, int RT = 1>
 __device__ __forceinline__ void stream_gemm(const __nv_bfloat16* __restrict__ act, const __nv_bfloat16* __restrict__ w,
                                             void* __restrict__ out, int M, int N, int K, int lda, int ldw, int ldo) {
-    static_assert(NT >= 1 && NT <= 4 && STAGES >= 2 && 16 * STAGES <= kStreamBarrierBytes
-                  && (P == 1 || P == 2 || (BULK && P == 4)) && (RT == 1 || RT == 2), "bad stream config");
-    constexpr int STAGE = stream_stage_bytes(NT, P, RT, BULK), ROW = 512 * P;
-    constexpr int WTILE = 16 * RT * stream_row_bytes(P, BULK);
-    constexpr int G = P < 2 ? P : 2;  // pieces whose fragments a compute warp holds at once
+    static_assert(NT >= 1 && NT <= 4 && STAGES >= 2 && 16 * STAGES <= kStreamBarrierBytes && (P == 1 || P == 2)
+                  && (RT == 1 || RT == 2), "bad stream config");
+    constexpr int STAGE = stream_stage_bytes(NT, P, RT), ROW = 512 * P, WTILE = 16 * RT * ROW;
 
     extern __shared__ __align__(1024) unsigned char smem[];
-    require_smem((unsigned)stream_smem_bytes(NT, STAGES, P, RT, BULK));
+    require_smem((unsigned)stream_smem_bytes(NT, STAGES, P, RT));
     if (blockDim.x != kStreamThreads) asm volatile("trap;");
 
     const int warp = threadIdx.x >> 5;
@@ -141,30 +99,20 @@ __device__ __forceinline__ void stream_gemm(const __nv_bfloat16* __restrict__ ac
     const int m_used = M < 8 * NT ? M : 8 * NT;
 
     if (threadIdx.x == 0) {
-        // arrivals per stage: the 4 loader warps' threads, or in the bulk mode one per copied row and token
-        const int w_rows = N - row0 < 16 * RT ? N - row0 : 16 * RT;
         for (int s = 0; s < STAGES; ++s) {
-            mbar_init(full + 8 * s, BULK ? w_rows + m_used : 128);
-            mbar_init(empty + 8 * s, 4);  // one arrival per compute warp
+            mbar_init(full + 8 * s, 128);  // the 4 loader warps' threads
+            mbar_init(empty + 8 * s, 4);   // one arrival per compute warp
         }
-        if (BULK) fence_mbar_init();
     }
     __syncthreads();
 
     if (warp < 2) {
-        if constexpr (BULK)
-            stream_load_bulk<8 * RT, STAGES, STAGE, P>(w + (long long)row0 * ldw, ldw, warp, N - row0, lane, K, nst, full,
-                                                       empty, ring);
-        else
-            stream_load<8 * RT, STAGES, STAGE, P>(w + (long long)row0 * ldw, ldw, warp, N - row0, lane, K, nst, full,
-                                                  empty, ring);
+        stream_load<8 * RT, STAGES, STAGE, P>(w + (long long)row0 * ldw, ldw, warp, N - row0, lane, K, nst, full, empty,
+                                              ring);
         pdl_launch_dependents();
     } else if (warp < 4) {
         pdl_wait();
-        if constexpr (BULK)
-            stream_load_bulk<4 * NT, STAGES, STAGE, P>(act, lda, warp - 2, m_used, lane, K, nst, full, empty, ring + WTILE);
-        else
-            stream_load<4 * NT, STAGES, STAGE, P>(act, lda, warp - 2, m_used, lane, K, nst, full, empty, ring + WTILE);
+        stream_load<4 * NT, STAGES, STAGE, P>(act, lda, warp - 2, m_used, lane, K, nst, full, empty, ring + WTILE);
         pdl_launch_dependents();
     } else {
         const int cw = warp - 4;  // k [64P*cw, +64P) of every stage
@@ -181,28 +129,24 @@ __device__ __forceinline__ void stream_gemm(const __nv_bfloat16* __restrict__ ac
             if (s == last_fill) pdl_launch_dependents();
             mbar_wait(full + 8 * slot, (s / STAGES) & 1);
             const unsigned base = ring + (unsigned)(slot * STAGE);
+            unsigned a[RT][4 * P][4], b[NT][2 * P][4];
 #pragma unroll
-            for (int g = 0; g < P / G; ++g) {  // G pieces' fragments at a time: chunks 8G apart
-                unsigned a[RT][4 * G][4], b[NT][2 * G][4];
+            for (int r = 0; r < RT; ++r)
 #pragma unroll
-                for (int r = 0; r < RT; ++r)
+                for (int j = 0; j < 4 * P; ++j) ldsm_x4(base + stream_slot<ROW>(16 * r + ar, ac + 2 * j), a[r][j]);
 #pragma unroll
-                    for (int j = 0; j < 4 * G; ++j)
-                        ldsm_x4(base + stream_slot<ROW, BULK>(16 * r + ar, ac + 8 * G * g + 2 * j), a[r][j]);
+            for (int n = 0; n < NT; ++n)
 #pragma unroll
-                for (int n = 0; n < NT; ++n)
+                for (int h = 0; h < 2 * P; ++h)
+                    ldsm_x4(base + WTILE + stream_slot<ROW>(8 * n + br, bc + 4 * h), b[n][h]);
 #pragma unroll
-                    for (int h = 0; h < 2 * G; ++h)
-                        ldsm_x4(base + WTILE + stream_slot<ROW, BULK>(8 * n + br, bc + 8 * G * g + 4 * h), b[n][h]);
+            for (int r = 0; r < RT; ++r)
 #pragma unroll
-                for (int r = 0; r < RT; ++r)
+                for (int j = 0; j < 4 * P; ++j)
 #pragma unroll
-                    for (int j = 0; j < 4 * G; ++j)
-#pragma unroll
-                        for (int n = 0; n < NT; ++n)
-                            mma_bf16_16816(acc[r][n], a[r][j][0], a[r][j][1], a[r][j][2], a[r][j][3],
-                                           b[n][j >> 1][2 * (j & 1)], b[n][j >> 1][2 * (j & 1) + 1]);
-            }
+                    for (int n = 0; n < NT; ++n)
+                        mma_bf16_16816(acc[r][n], a[r][j][0], a[r][j][1], a[r][j][2], a[r][j][3],
+                                       b[n][j >> 1][2 * (j & 1)], b[n][j >> 1][2 * (j & 1) + 1]);
             __syncwarp();  // every lane's fragments were consumed by the MMAs above
             if (lane == 0) mbar_arrive(empty + 8 * slot);
         }
