@@ -345,7 +345,7 @@ _VARIANTS: dict[str, dict[str, GemmConfig]] = {
         "narrow_r2t384k6": Narrow(rows=2, cpt=2, threads=384, tokens=10, exactk=6144),  # K=6144 (GLM-5), M 1-10
         "narrow_r2t384k6c104": Narrow(rows=2, cpt=2, threads=384, tokens=12, regs=104, exactk=6144),  # K=6144, M 9-12 under a 104-register cap
         "narrow_r1t224": Narrow(rows=1, cpt=4, threads=224, tokens=16, exactk=7168),  # E=128, M 11-12, K in one round
-        "narrow_r1t224c128": Narrow(rows=1, cpt=4, threads=224, tokens=16, regs=128, exactk=7168),  # M 13-16 (149-163 registers uncapped)
+        "narrow_r1t224c128": Narrow(rows=1, cpt=4, threads=224, tokens=16, regs=128, exactk=7168),  # E=128 M 11-15 on the H100 (uncapped: 149-163 registers)
         "ring_s8": Ring(tk=128, stages=8, warps=4, loaders=1, split=8),  # M 13-32: loader warps and an 8-CTA split
         "direct_s8": Direct(warps=4, bpw=7, split=8),  # M 7-16: fragments straight into registers, 8-CTA split
         "direct_s4": Direct(warps=8, bpw=7, split=4),  # the same with a 4-CTA split (E 256-384, M 11-15)
