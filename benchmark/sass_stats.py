@@ -1,7 +1,7 @@
 """Static per-instance kernel statistics, no GPU: registers, spills and SASS instruction counts.
 
-    python benchmark/sass_stats.py --op dsv3_router_gemm --variants narrow_r2kc,ring_c8 --ms 1,5,8
-    python benchmark/sass_stats.py --op dsv3_router_gemm --variants narrow_r2kc --ms 5 --extra path/to/tiny.so
+    python benchmark/sass_stats.py --op dsv3_router_gemm --variants narrow_r2c72,ring_s8 --ms 1,5,8
+    python benchmark/sass_stats.py --op dsv3_router_gemm --variants narrow_r2c72 --ms 5 --extra path/to/tiny.so
 
 Each instance is compiled for sm_90a through the JIT cache (set SLIM_KERNEL_CACHE_DIR for a
 private one) and disassembled with ``cuobjdump -sass`` (pip ``nvidia-cuda-cuobjdump`` and ``nvidia-cuda-nvdisasm``,

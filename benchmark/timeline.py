@@ -1,7 +1,7 @@
 """Where the decode step's time goes: each kernel's start and end in the producer+GEMM graph (GPU machine).
 
     python3 benchmark/timeline.py [--sglang DIR] --case fused_a:2624,6144@1,4,8 \\
-        --impls default,jit:stream_r2,anchor:sglang:fused_a --json timeline.json
+        --impls default,jit:stream_r32w4p2,anchor:sglang:fused_a --json timeline.json
 
 The graphs are the decode step's (``slim_kernel.timing.DecodeStep``: one producer more, then producer+GEMM
 pairs over rotating cold weight copies), replayed under ``torch.profiler``: CUPTI's activity records give

@@ -262,7 +262,7 @@ def _print_coverage(cov: dict | None) -> None:
 
 
 def _ranges(rows: list[dict]) -> list[str]:
-    """M ranges with the same pick: 'M 1-4 jit:narrow_r2kc'."""
+    """M ranges with the same pick: 'M 1-4 jit:narrow_r2c72'."""
     out, start = [], None
     for i, row in enumerate(rows):
         if start is None:

@@ -94,7 +94,7 @@ def carveout_percent(smem: int, ctas: int, sms: int, per_sm: int, room: int, clu
     exit (H200, GLM-5's router at M=10: 31 KB in a 32 KB carveout, 4.31 us against 3.59 with room after
     flashinfer's RMSNorm, 4.57 against 3.57 after its fused_add_rmsnorm, whose CTA takes 24-29 KB).
     None: leave the driver's choice: no room asked for, no CTA fits, or a cluster launch (sized for one
-    CTA per SM, 8-CTA clusters of ring_c8 and skinny took a second wave: 1.6-1.8x slower)."""
+    CTA per SM, 8-CTA clusters of ring_s8 and skinny took a second wave: 1.6-1.8x slower)."""
     block = smem + SMEM_RESERVED_PER_CTA
     fit = per_sm // block if per_sm > 0 else 0
     if room <= 0 or fit < 1 or cluster:
