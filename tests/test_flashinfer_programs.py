@@ -87,6 +87,39 @@ def test_missing_program_serves_the_public_call(fake_flashinfer):
     assert calls == [("public", True), ("public", False)]
 
 
+def test_pdl_candidate_is_the_public_call_launched_with_pdl(fake_flashinfer):
+    """``flashinfer:pdl``: offered for fused-A after a plain producer only, run as the public call with PDL
+    while the knob allows PDL, and placed on the device as the public call is."""
+    from slim_kernel import knobs
+
+    fb, calls, _ = fake_flashinfer
+    a = torch.randn(5, 7168, dtype=torch.bfloat16)
+    w = torch.randn(48, 7168, dtype=torch.bfloat16)
+    out = torch.full((5, 48), float("nan"), dtype=torch.bfloat16)
+    fb.prepare_fused_a((out, a, w.t()), fb.PDL_VARIANT, False)(out, a, w.t())
+    assert calls == [("public", True)]
+    ref = a.double() @ w.double().t()
+    assert ((out.double() - ref).norm() / ref.norm()).item() < 5e-3
+    point = types.SimpleNamespace(shape=types.SimpleNamespace(k=7168))
+    target = lambda args, variant, pdl: (variant, pdl)  # noqa: E731
+    plain = fb.BACKEND.tune_candidates("dsv3_fused_a_gemm", target, None, False, True, point)
+    assert plain["flashinfer:pdl"] == ("pdl", False) and plain["flashinfer"] == (None, False)
+    assert "flashinfer:pdl" not in fb.BACKEND.tune_candidates("dsv3_fused_a_gemm", target, None, True, True, point)
+    assert "flashinfer:pdl" not in fb.BACKEND.tune_candidates("dsv3_router_gemm", target, None, False, True, point)
+    assert fb.BACKEND.offers("dsv3_fused_a_gemm", "pdl", 5, (48, 7168))
+    assert not fb.BACKEND.offers("dsv3_router_gemm", "pdl", 5, (256, 7168))
+    assert fb.BACKEND.margin("dsv3_fused_a_gemm", "pdl", None) == fb.BACKEND.margin("dsv3_fused_a_gemm", None, None)
+    before = knobs.pdl_setting()
+    knobs.set_pdl(False)
+    try:
+        calls.clear()
+        fb.prepare_fused_a((out, a, w.t()), fb.PDL_VARIANT, False)(out, a, w.t())
+        assert calls == [("public", False)]  # PDL switched off: the same call without it
+        assert "flashinfer:pdl" not in fb.BACKEND.tune_candidates("dsv3_fused_a_gemm", target, None, False, True, point)
+    finally:
+        knobs.set_pdl(before)
+
+
 def test_first_use_builds_name_each_module_once(fake_flashinfer, monkeypatch):
     """tune builds these side by side: the PDL producer's RMSNorm and the router module once, and per fused-A call
     the program tinygemm_bf16 picks plus every pinned program, in both launch contexts, each once."""

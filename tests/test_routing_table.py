@@ -14,6 +14,7 @@ import pytest
 from slim_kernel import models, registry, routing
 from slim_kernel.jit import catalogue as cat
 from slim_kernel.names import FLASHINFER_FUSED_A_PROGRAMS as FLASHINFER_PROGRAMS
+from slim_kernel.names import FLASHINFER_PDL_VARIANT as PDL_VARIANT
 from slim_kernel.names import FUSED_A, ROUTER
 
 BACKENDS = {b.value for b in registry.KernelBackend}
@@ -94,7 +95,9 @@ def test_candidates_name_existing_backends_and_configurations(table):
             assert backend in BACKENDS, cand
             assert us > 0
             if variant and backend == "flashinfer":
-                assert p.op == FUSED_A and variant in FLASHINFER_PROGRAMS, f"{p.describe()}: {cand}"
+                assert p.op == FUSED_A, f"{p.describe()}: {cand}"
+                # PDL_VARIANT: the own call launched with PDL, a candidate only where the context has none
+                assert variant in FLASHINFER_PROGRAMS or (variant == PDL_VARIANT and not p.pdl), f"{p.describe()}: {cand}"
             elif variant:
                 assert backend == "jit" and variant in cat.VARIANTS[p.op], f"{p.describe()}: {cand}"
                 assert cat.variant_serves(cat.VARIANTS[p.op][variant], p.op, p.m), f"{p.describe()}: {cand}"

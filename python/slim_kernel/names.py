@@ -22,6 +22,10 @@ RETIRED_PATTERNS = (*OPS, "dsv3_*")
 # the backend launches it through flashinfer's registered op, and a release without that program
 # serves the public call.
 FLASHINFER_FUSED_A_PROGRAMS = {"s8il": "PACKED_S8_IL", "cn16": "ACCUMULATORS_CN16"}
+# fused-A candidate ``flashinfer:pdl``: flashinfer's own call launched with PDL after a plain producer (the knob
+# permitting). The kernel waits on the grid dependency before it reads the activation, so this is correct after any
+# producer; what it buys is the launch overlapping the producer's tail, which the decode-step runs measure per point.
+FLASHINFER_PDL_VARIANT = "pdl"
 
 # flashinfer's fixed-shape router GEMMs (M 1..16; SM 9.0-10.x): (E, K, out dtype), named
 # mm_M1_16_K{K}_N{E}[_bf16] (the fp32-out name has no suffix; K7168_N128 is bf16-out only and

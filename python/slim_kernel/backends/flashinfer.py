@@ -18,10 +18,12 @@ from typing import NamedTuple
 
 import torch
 
+from .. import knobs
 from ..backend import Backend
 from ..devices import on_device
 from ..models import MAX_M
 from ..names import FLASHINFER_FUSED_A_PROGRAMS as FLASHINFER_PROGRAMS
+from ..names import FLASHINFER_PDL_VARIANT as PDL_VARIANT
 from ..names import FLASHINFER_ROUTERS, FUSED_A, ROUTER, flashinfer_router_name
 from ..pdl import launch_pdl
 from .flashinfer_fastpath import bmm_fp8 as _bmm_fp8
@@ -110,6 +112,7 @@ def fused_a_tile(m: int, n: int, k: int, variant: str | None = None) -> FusedATi
     0.7.4, absent before). ``estimate.py`` places the call's grid on the device with it."""
     from flashinfer.gemm import routergemm as rg
 
+    variant = None if variant == PDL_VARIANT else variant  # the same call, launched with PDL
     if not hasattr(rg, "_tinygemm2_wgmma_identifier"):  # 0.7.2-0.7.3: the reference kernel serves every call
         if hasattr(rg, "get_tinygemm2_module"):
             return REFERENCE_TILE if variant is None else None
@@ -141,6 +144,8 @@ def prepare_fused_a(args, variant: str | None = None, pdl: bool | None = None):
     tiny = tinygemm_bf16
     output, mat_a, mat_b = args
     pdl = launch_pdl(device=output.device) if pdl is None else pdl
+    if variant == PDL_VARIANT:
+        variant, pdl = None, knobs.pdl()
     program = fused_a_program(variant, mat_a.shape[1], pdl) if variant else None
     if program is not None:
         from flashinfer.gemm.routergemm import get_tinygemm2_wgmma_op
@@ -296,7 +301,7 @@ class FlashinferBackend(Backend):
         import flashinfer.gemm  # noqa: F401  (a broken install fails here, once)
 
     def offers(self, op, variant, m, nk) -> bool:
-        return variant is None or (op == FUSED_A and variant in FLASHINFER_PROGRAMS)
+        return variant is None or (op == FUSED_A and (variant in FLASHINFER_PROGRAMS or variant == PDL_VARIANT))
 
     def reader(self, op: str, arch: str):
         """``fused_a_tile`` where flashinfer is installed and importable and the call is fused-A on sm_90."""
@@ -323,7 +328,7 @@ class FlashinferBackend(Backend):
         return tile.name if tile is not None else ""
 
     def margin(self, op, variant, reader) -> float:
-        return OPAQUE_MARGIN if op == FUSED_A and variant is None and reader is None else 0.0
+        return OPAQUE_MARGIN if op == FUSED_A and variant in (None, PDL_VARIANT) and reader is None else 0.0
 
     def describe(self, op, n, k, m, sms, reader) -> str | None:
         tile = reader(m, n, k, None) if reader is not None and op == FUSED_A else None
@@ -338,6 +343,8 @@ class FlashinferBackend(Backend):
             for name in FLASHINFER_PROGRAMS:
                 if fused_a_program(name, point.shape.k, pdl) is not None:
                     out[f"flashinfer:{name}"] = target(args, name, pdl)
+            if not pdl and knobs.pdl():  # after a PDL-aware producer the own call already launches with PDL
+                out[f"flashinfer:{PDL_VARIANT}"] = target(args, PDL_VARIANT, pdl)
         return out
 
     def first_use_builds(self, calls, device) -> dict:
