@@ -5,7 +5,7 @@
 A kernel that traps (a lost mbarrier arrival, a launch with too little shared memory) leaves its
 CUDA context unusable, so each catalogue variant is checked in a fresh process against a float64
 reference at a few M, all processes in parallel. Prints one line per variant; the variants that
-failed are written to --bad-file (one per line) for bench_gemm.py --skip-variants.
+failed are written to --bad-file (one per line).
 """
 
 from __future__ import annotations
