@@ -225,8 +225,7 @@ def test_smem_formulas_match_the_kernels(tmp_path):
                     expr = (f"slim::stream_smem_bytes({d['SK_NT']}, {d['SK_STAGES']}, {d['SK_PIECES']}, "
                             f"{d.get('SK_RT', 1)})")
                 else:
-                    expr = (f"slim::narrow_smem_bytes({d['SK_ROWS']}, {d['SK_MT']}, {d['SK_THREADS']}, "
-                            f"{d.get('SK_CLUSTER', 1)}, {d.get('SK_EXACTK', 0)})")
+                    expr = f"slim::narrow_smem_bytes({d['SK_ROWS']}, {d['SK_MT']}, {d['SK_THREADS']})"
                 cases.append((expr, cfg.smem(m)))
     src = tmp_path / "formulas.cu"
     body = "\n".join(f'    printf("%d\\n", {expr});' for expr, _ in cases)
@@ -319,7 +318,7 @@ def test_per_arch_limits_come_from_one_table():
 def test_variant_names_follow_one_rule_and_old_names_stay_aliases():
     import re
 
-    rule = re.compile(r"(skinny|narrow|ring|direct|stream)(_([rtnkcsawpx]\d+|[gl])+)?")
+    rule = re.compile(r"(skinny|narrow|ring|direct|stream)(_([rtnkcsawp]\d+|[gl])+)?")
     for op, named in cat.VARIANTS.items():
         for name in named:
             assert rule.fullmatch(name), f"{op} {name}"

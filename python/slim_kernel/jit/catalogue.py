@@ -106,11 +106,8 @@ class Narrow:
     regs: int = 0  # a register cap (compile-time; 0: none; with exactk, of the straight-line instances only)
     exactk: int = 0  # K of the straight-line instances at `threads` (exact_for; compile-time; 0: none)
     generic_tokens: int = 0  # the largest M of the generic body (other shapes), where it spills past it (0: tokens)
-    cluster: int = 1  # > 1: a cluster of this many CTAs shares one read of the activation (straight-line bodies only)
 
     def __post_init__(self):
-        _check(1 <= self.cluster <= 8 and (self.cluster == 1 or (self.exactk and not self.generic_tokens)), self,
-               "need cluster 1..8, and exactk without generic_tokens for a cluster")
         _check(1 <= self.rows <= 8 and 1 <= self.cpt <= 4 and self.threads % 32 == 0 and 32 <= self.threads <= 1024
                and 1 <= self.tokens <= 16 and self.plain in (0, 1) and self.late in (0, 1)
                and (self.regs == 0 or 24 <= self.regs <= 255)
@@ -121,10 +118,7 @@ class Narrow:
                "(with exactk)")
 
     def max_m(self, shape: tuple[int, int] | None = None) -> int:
-        """The largest M served at the call's (N, K) (None: the tuned shape); 0 where a cluster's shape has no
-        straight-line body."""
-        if self.cluster > 1 and not self.exact_for(shape):
-            return 0
+        """The largest M served at the call's (N, K) (None: the tuned shape)."""
         if self.generic_tokens and not self.exact_for(shape):
             return self.generic_tokens
         return self.tokens
@@ -148,7 +142,7 @@ class Narrow:
         anyway). Its registers are the exact body's alone (a generic body beside it would set them: 84 against 72
         at M=5), so it is its own instance."""
         return bool(self.exactk) and (
-            shape is None or (shape[0] % (self.rows * self.cluster) == 0 and self.fitted_threads(shape[1]) > 0))
+            shape is None or (shape[0] % self.rows == 0 and self.fitted_threads(shape[1]) > 0))
 
     def block(self, shape: tuple[int, int] | None = None) -> int:
         """Threads per CTA at the call's (N, K): the fitted block of its straight-line instance, else ``threads``."""
@@ -179,22 +173,16 @@ class Narrow:
         regs = self.regs if exact or not self.exactk else 0
         # the options only when set, so instances without them keep their keys (and cached cubins)
         options = {k: v for k, v in (("SK_PLAIN", self.plain), ("SK_LATE", self.late), ("SK_MAXNREG", regs)) if v}
-        if self.cluster > 1:
-            options["SK_CLUSTER"] = self.cluster
         if exact:
             options["SK_EXACTK"] = self.exactk if shape is None else shape[1]
         return _make(op, out_dtype, SK_FAMILY=self.family, SK_ROWS=self.rows, SK_MT=m, SK_CPT=self.cpt,
                      SK_THREADS=self.block(shape), **options)
 
     def geometry(self, n: int, k: int, sm_count: int) -> tuple[tuple, tuple, tuple | None]:
-        return (_cdiv(n, self.rows), 1, 1), (self.block((n, k)), 1, 1), (self.cluster, 1, 1) if self.cluster > 1 else None
+        return (_cdiv(n, self.rows), 1, 1), (self.block((n, k)), 1, 1), None
 
     def smem(self, m: int, shape: tuple[int, int] | None = None) -> int:  # narrow_smem_bytes in kernels/narrow_gemm.cuh
-        partials = self.rows * m * self.block(shape) * 4
-        if self.cluster == 1:
-            return partials
-        activation = m * (shape[1] if shape is not None else self.exactk) * 2  # the partials alias it
-        return _cdiv(max(partials, activation), 16) * 16 + 16  # then the mbarrier
+        return self.rows * m * self.block(shape) * 4
 
 
 @dataclass(frozen=True)
@@ -333,8 +321,7 @@ def _make(op: str, out_dtype: str, signature: str = POINTER_SIGNATURE, **defines
 # evidence: benchmark/DESIGN.md); "skinny" serves every M of both ops. A name is the family, then tokens
 # for the settings that tell it apart, each letter with one meaning in every family: r<N> weight rows per
 # CTA, t<N> threads, n<N> rounds over K (default 1), k<N> the fitted K in units of 1024 (default 7), c<N> a
-# register cap, s<N> CTAs per cluster splitting K, x<N> CTAs per cluster sharing the activation, a<N> warps,
-# w<N> ring stages, p<N> pieces per row and
+# register cap, s<N> CTAs per cluster splitting K, a<N> warps, w<N> ring stages, p<N> pieces per row and
 # stage; g L1-allocating loads, l the PDL trigger after the FMAs. Older names (ALIASES) still find their
 # configuration wherever a name is read (tables, tools).
 _VARIANTS: dict[str, dict[str, GemmConfig]] = {
@@ -361,13 +348,6 @@ _VARIANTS: dict[str, dict[str, GemmConfig]] = {
         "narrow_r2c104": Narrow(rows=2, cpt=2, threads=448, tokens=12, regs=104, exactk=7168),  # E=256 M=11 on the H100 (plain producer)
         "narrow_r2c128": Narrow(rows=2, cpt=2, threads=448, tokens=16, regs=128, exactk=7168),  # E=256 M 12-13 on the H100 (plain producer)
         "narrow_r3c128": Narrow(rows=3, cpt=2, threads=448, tokens=10, regs=128, exactk=7168),  # E=384 M=9 on the H100 (M=11 spills under NVRTC)
-        # x<N>: a cluster of N CTAs sharing one read of the activation (multicast bulk copies into shared memory)
-        "narrow_r3t896x2": Narrow(rows=3, cpt=1, threads=896, tokens=14, exactk=7168, cluster=2),  # unmeasured: E=384 (M=15 spills)
-        "narrow_r3t896x4": Narrow(rows=3, cpt=1, threads=896, tokens=14, exactk=7168, cluster=4),  # unmeasured: E=384
-        "narrow_r2t896x2": Narrow(rows=2, cpt=1, threads=896, tokens=16, exactk=7168, cluster=2),  # unmeasured: E=256
-        "narrow_r2t896x4": Narrow(rows=2, cpt=1, threads=896, tokens=16, exactk=7168, cluster=4),  # unmeasured: E=256
-        "narrow_r2c128x2": Narrow(rows=2, cpt=2, threads=448, tokens=16, regs=128, exactk=7168, cluster=2),  # unmeasured
-        "narrow_r3c128x2": Narrow(rows=3, cpt=2, threads=448, tokens=16, regs=128, exactk=7168, cluster=2),  # unmeasured
         "narrow_r1t224": Narrow(rows=1, cpt=4, threads=224, tokens=16, exactk=7168),  # E=128, M 11-12, K in one round
         "narrow_r1t224c128": Narrow(rows=1, cpt=4, threads=224, tokens=16, regs=128, exactk=7168),  # E=128 M 11-15 on the H100 (uncapped: 149-163 registers)
         "ring_s8": Ring(tk=128, stages=8, warps=4, loaders=1, split=8),  # M 13-32: loader warps and an 8-CTA split

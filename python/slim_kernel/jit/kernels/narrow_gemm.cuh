@@ -21,30 +21,19 @@
 //  * LATE: the PDL trigger after the FMAs instead of at entry (the next kernel's CTAs do not
 //    take SMs while this one still needs them). Under the 72-register cap it is the pick at M=6;
 //    uncapped it gained nothing.
-//  * CL > 1 (straight-line bodies only): the CTAs of a cluster of CL share one read of the activation. After the
-//    wait each copies 1/CL of every token's row with a bulk copy multicast into every CTA's shared memory, and
-//    the FMAs read it from there. Past M ~4 the per-CTA activation reads from L2 (M x K x 2 bytes for each of
-//    ~128 CTAs) are what grows the time with M; this divides them by CL.
 //  * Reduction in a fixed order: every thread's ROWS*M partials go to shared memory (value-major,
 //    conflict-free), then warp w sums outputs w, w+WARPS, ...: each lane adds WARPS partials,
 //    then a butterfly over the lanes. Repeated runs are bit-identical.
 //
 // Launch contract (slim_kernel/jit/catalogue.py, family "narrow"):
-//   grid (ceil(N / ROWS)), block THREADS, dynamic smem = narrow_smem_bytes(ROWS, MT, THREADS, CL, K);
-//   CL > 1: clusters of (CL, 1, 1), EXACT, N % (ROWS * CL) == 0.
+//   grid (ceil(N / ROWS)), block THREADS, dynamic smem = narrow_smem_bytes(ROWS, MT, THREADS).
 //   Requirements: K % 8 == 0, lda % 8 == 0, ldw % 8 == 0, act/w 16-byte aligned, M <= MT.
 #pragma once
 #include "ptx.cuh"
 
 namespace slim {
 
-// CL > 1: the activation [MT][K] (bf16), then the partials alias it, then the copy's mbarrier.
-__host__ __device__ constexpr int narrow_act_bytes(int mt, int k) { return mt * k * 2; }
-__host__ __device__ constexpr int narrow_smem_bytes(int rows, int mt, int threads, int cl = 1, int k = 0) {
-    return cl == 1 ? rows * mt * threads * 4
-                   : ((rows * mt * threads * 4 > narrow_act_bytes(mt, k) ? rows * mt * threads * 4
-                                                                          : narrow_act_bytes(mt, k)) + 15) / 16 * 16 + 16;
-}
+__host__ __device__ constexpr int narrow_smem_bytes(int rows, int mt, int threads) { return rows * mt * threads * 4; }
 
 __device__ __forceinline__ void bf16x8_to_f32(const unsigned (&v)[4], float (&f)[8]) {
 #pragma unroll
@@ -63,27 +52,16 @@ __device__ __forceinline__ void narrow_load(const __nv_bfloat16* p, unsigned (&v
     }
 }
 
-template <int ROWS, int MT, int CPT, int THREADS, bool PLAIN, bool LATE, bool OUT_BF16, int EXACT = 0, int CL = 1>
+template <int ROWS, int MT, int CPT, int THREADS, bool PLAIN, bool LATE, bool OUT_BF16, int EXACT = 0>
 __device__ __forceinline__ void narrow_gemm(const __nv_bfloat16* __restrict__ act, const __nv_bfloat16* __restrict__ w,
                                             void* __restrict__ out, int M, int N, int K, int lda, int ldw, int ldo) {
     static_assert(ROWS >= 1 && ROWS <= 8 && MT >= 1 && MT <= 16 && CPT >= 1 && THREADS % 32 == 0, "bad narrow config");
-    static_assert(CL == 1 || (EXACT > 0 && CL <= 8 && (EXACT * 2 / CL) % 16 == 0), "a shared activation needs EXACT");
     constexpr int WARPS = THREADS / 32;
     constexpr int TB = MT <= 8 ? MT : 4;  // tokens per load batch (16 tokens in 4: no spills at 448 threads)
     extern __shared__ __align__(16) float red[];  // [ROWS * MT][THREADS]
 
     if (!LATE) pdl_launch_dependents();
-    require_smem((unsigned)narrow_smem_bytes(ROWS, MT, THREADS, CL, EXACT));
-    // CL > 1: the activation in shared memory (offset 0) and the mbarrier its copies complete on (at the end)
-    const unsigned xs = smem_addr(red);
-    const unsigned bar = xs + narrow_smem_bytes(ROWS, MT, THREADS, CL, EXACT) - 16;
-    if constexpr (CL > 1) {
-        if (threadIdx.x == 0) {
-            mbar_init(bar, 1);
-            fence_mbar_init();
-        }
-        cluster_arrive();  // released: every barrier initialised before a peer's copy can complete on it
-    }
+    require_smem((unsigned)narrow_smem_bytes(ROWS, MT, THREADS));
 
     const int tid = threadIdx.x;
     const int row0 = blockIdx.x * ROWS;
@@ -112,24 +90,7 @@ __device__ __forceinline__ void narrow_gemm(const __nv_bfloat16* __restrict__ ac
                     wv[r][j][0] = wv[r][j][1] = wv[r][j][2] = wv[r][j][3] = 0u;
                 }
             }
-        if (c0 == 0) {
-            pdl_wait();  // weights are parameters; the activation is the previous grid's output
-            if constexpr (CL > 1) {
-                cluster_wait();
-                if (tid == 0) {
-                    constexpr unsigned piece = EXACT * 2 / CL;  // bytes of each token's row this CTA copies
-                    const unsigned rank = cluster_rank();
-                    mbar_arrive_expect_tx(bar, narrow_act_bytes(MT, EXACT));
-#pragma unroll
-                    for (int m = 0; m < MT; ++m)
-                        cp_async_bulk_g2s_multicast(xs + m * EXACT * 2 + rank * piece,
-                                                    reinterpret_cast<const char*>(act + (long long)m * lda) + rank * piece,
-                                                    piece, bar, (unsigned short)((1u << CL) - 1));
-                }
-                mbar_wait(bar, 0);
-                cluster_arrive();  // the peers' copies into this CTA have landed; the matching wait is at exit
-            }
-        }
+        if (c0 == 0) pdl_wait();  // weights are parameters; the activation is the previous grid's output
         // Tokens in batches of TB: every load of a batch is issued before its FMAs, so a batch
         // costs one L2 round trip, not one per token.
 #pragma unroll
@@ -141,9 +102,7 @@ __device__ __forceinline__ void narrow_gemm(const __nv_bfloat16* __restrict__ ac
 #pragma unroll
                 for (int j = 0; j < CPT; ++j) {
                     const int c = c0 + j * THREADS + tid;
-                    if (CL > 1) {
-                        lds128(xs + ((m0 + i) * EXACT + 8 * c) * 2, xv[i][j]);
-                    } else if (m0 + i < m_used && (all_chunks || c < nchunk)) {
+                    if (m0 + i < m_used && (all_chunks || c < nchunk)) {
                         narrow_load<PLAIN>(act + (long long)(m0 + i) * lda + 8 * c, xv[i][j]);
                     } else {
                         xv[i][j][0] = xv[i][j][1] = xv[i][j][2] = xv[i][j][3] = 0u;
@@ -168,7 +127,6 @@ __device__ __forceinline__ void narrow_gemm(const __nv_bfloat16* __restrict__ ac
         }
     }
     if (LATE) pdl_launch_dependents();
-    if (CL > 1) __syncthreads();  // the partials overwrite the activation
 
 #pragma unroll
     for (int r = 0; r < ROWS; ++r)
@@ -191,7 +149,6 @@ __device__ __forceinline__ void narrow_gemm(const __nv_bfloat16* __restrict__ ac
         if (lane == 0 && (rows_full || row0 + r < N)) store_out<OUT_BF16>(out, (long long)m * ldo + row0 + r, s);
         if (one_pass) break;
     }
-    if constexpr (CL > 1) cluster_wait();  // no CTA leaves while a copy it issued may still be landing in a peer
 }
 
 #ifdef SK_ROWS
@@ -206,9 +163,6 @@ __device__ __forceinline__ void narrow_gemm(const __nv_bfloat16* __restrict__ ac
 #ifndef SK_LATE
 #define SK_LATE 0  // 1 = the PDL trigger after the FMAs instead of at entry
 #endif
-#ifndef SK_CLUSTER
-#define SK_CLUSTER 1  // > 1: the activation shared by a cluster of this many CTAs (with SK_EXACTK)
-#endif
 // the entry point's bound: the compile-time block, one CTA per SM, or a register cap (ptxas refuses both)
 #ifdef SK_MAXNREG
 #define SK_NARROW_BOUNDS __maxnreg__(SK_MAXNREG)
@@ -219,10 +173,9 @@ template <bool OUT_BF16>
 __device__ __forceinline__ void narrow_instance(const __nv_bfloat16* __restrict__ act, const __nv_bfloat16* __restrict__ w,
                                                 void* __restrict__ out, int M, int N, int K, int lda, int ldw, int ldo) {
     // The straight-line instance is the catalogue's pick for its shape alone (Narrow.exact_for); a uniform check.
-    if (SK_EXACTK && (K != SK_EXACTK || M != SK_MT || N % (SK_ROWS * SK_CLUSTER) != 0 || blockDim.x != SK_THREADS))
-        asm volatile("trap;");
-    narrow_gemm<SK_ROWS, SK_MT, SK_CPT, SK_THREADS, SK_PLAIN != 0, SK_LATE != 0, OUT_BF16, SK_EXACTK, SK_CLUSTER>(
-        act, w, out, M, N, K, lda, ldw, ldo);
+    if (SK_EXACTK && (K != SK_EXACTK || M != SK_MT || N % SK_ROWS != 0 || blockDim.x != SK_THREADS)) asm volatile("trap;");
+    narrow_gemm<SK_ROWS, SK_MT, SK_CPT, SK_THREADS, SK_PLAIN != 0, SK_LATE != 0, OUT_BF16, SK_EXACTK>(act, w, out, M, N, K,
+                                                                                                  lda, ldw, ldo);
 }
 #endif
 

@@ -132,17 +132,6 @@ __device__ __forceinline__ void cp_async_bulk_g2s(unsigned dst, const void* src,
     asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n"
                  :: "r"(dst), "l"(src), "r"(bytes), "r"(bar) : "memory");
 }
-// The same copy delivered to the same shared-memory offset of every CTA of the cluster in `mask`, completing on
-// the barrier at `bar`'s offset in each of them.
-__device__ __forceinline__ void cp_async_bulk_g2s_multicast(unsigned dst, const void* src, unsigned bytes, unsigned bar,
-                                                            unsigned short mask) {
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster"
-                 " [%0], [%1], %2, [%3], %4;\n"
-                 :: "r"(dst), "l"(src), "r"(bytes), "r"(bar), "h"(mask) : "memory");
-}
-// The two halves of cluster_sync, for work in between.
-__device__ __forceinline__ void cluster_arrive() { asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void cluster_wait() { asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory"); }
 // After mbar_init of barriers a bulk copy completes on: the initialisation made visible to the async proxy.
 __device__ __forceinline__ void fence_mbar_init() {
     asm volatile("fence.mbarrier_init.release.cluster;\nfence.proxy.async.shared::cta;\n" ::: "memory");
