@@ -344,12 +344,12 @@ _VARIANTS: dict[str, dict[str, GemmConfig]] = {
         "narrow_r7n2": Narrow(rows=7, cpt=1, threads=448, tokens=5, exactk=7168),  # E=896, M 2-5, one wave in two K rounds
         "narrow_r2t384k6": Narrow(rows=2, cpt=2, threads=384, tokens=10, exactk=6144),  # K=6144 (GLM-5), M 1-10
         "narrow_r2t384k6c104": Narrow(rows=2, cpt=2, threads=384, tokens=12, regs=104, exactk=6144),  # K=6144, M 9-12 under a 104-register cap
-        "narrow_r2t384k6c128": Narrow(rows=2, cpt=2, threads=384, tokens=16, regs=128, exactk=6144),  # K=6144 M 12-16 on the H100 (plain producer)
-        "narrow_r2c104": Narrow(rows=2, cpt=2, threads=448, tokens=12, regs=104, exactk=7168),  # E=256 M=11 on the H100 (plain producer)
-        "narrow_r2c128": Narrow(rows=2, cpt=2, threads=448, tokens=16, regs=128, exactk=7168),  # E=256 M 12-13 on the H100 (plain producer)
+        "narrow_r2t384k6c128": Narrow(rows=2, cpt=2, threads=384, tokens=16, regs=128, exactk=6144),  # K=6144 M 12-16 (plain producer; H100 and H200)
+        "narrow_r2c104": Narrow(rows=2, cpt=2, threads=448, tokens=12, regs=104, exactk=7168),  # E=256 M=11 (plain producer; H100 and H200)
+        "narrow_r2c128": Narrow(rows=2, cpt=2, threads=448, tokens=16, regs=128, exactk=7168),  # E=256 M 12-13 (plain producer; H100 and H200)
         "narrow_r3c128": Narrow(rows=3, cpt=2, threads=448, tokens=10, regs=128, exactk=7168),  # E=384 M=9 on the H100 (M=11 spills under NVRTC)
         "narrow_r1t224": Narrow(rows=1, cpt=4, threads=224, tokens=16, exactk=7168),  # E=128, M 11-12, K in one round
-        "narrow_r1t224c128": Narrow(rows=1, cpt=4, threads=224, tokens=16, regs=128, exactk=7168),  # E=128 M 11-15 on the H100 (uncapped: 149-163 registers)
+        "narrow_r1t224c128": Narrow(rows=1, cpt=4, threads=224, tokens=16, regs=128, exactk=7168),  # E=128 M 11-15 (H100 and H200; uncapped: 149-163 registers)
         "ring_s8": Ring(tk=128, stages=8, warps=4, loaders=1, split=8),  # M 13-32: loader warps and an 8-CTA split
         "direct_s8": Direct(warps=4, bpw=7, split=8),  # M 7-16: fragments straight into registers, 8-CTA split
         "direct_s4": Direct(warps=8, bpw=7, split=4),  # the same with a 4-CTA split (E 256-384, M 11-15)
