@@ -47,12 +47,14 @@ TABLE = ROOT / "python" / "slim_kernel" / "tables" / "routing_sm90.json"
 RESULTS_ROOT = ROOT / "benchmark" / "results"
 # the runs the shipped table comes from, per GPU folder; a device's and version's later files replace its
 # earlier ones point by point; the first folder's device is the arch's reference (``routing.table``)
-RESULTS = {"h200": ["bench_gemm_fi074.json", "bench_gemm_fi074_routers_large.json", "bench_gemm_fi074_unnamed.json", "bench_gemm_fi074_heldout.json", "bench_gemm_fi074_fresh_fused_a.json",
+RESULTS = {"h200": ["bench_gemm_fi074.json", "bench_gemm_fi074_routers_large.json", "bench_gemm_fi074_unnamed.json",
+           "bench_gemm_fi074_heldout.json", "bench_gemm_fi074_fresh_fused_a.json",
            "bench_gemm_fi074_fresh_routers.json", "bench_gemm_fi074_fresh3.json",
            "bench_gemm_fi074_narrow_fused_a.json", "bench_gemm_fi074_heldout2.json",
            "bench_gemm_fi074_heldout3.json", "bench_gemm_fi074_heldout4.json",
            "bench_gemm_fi074_heldout5.json", "bench_gemm_fi074_stream_trigger.json",
-           "bench_gemm_fi074_heldout6.json", "bench_gemm_fi074_m1_16_routers.json", "bench_gemm_fi074_m1_16_fused_a.json",
+           "bench_gemm_fi074_heldout6.json", "bench_gemm_fi074_m1_16_routers.json",
+           "bench_gemm_fi074_m1_16_fused_a.json",
            "bench_gemm_fi072.json", "bench_gemm_fi072_routers_large.json", "bench_gemm_fi072_m1_16.json",
            "bench_gemm_fi072_narrow_fused_a.json", "bench_gemm_fi072_heldout4.json",
            "bench_gemm_fi072_stream_trigger.json"],
