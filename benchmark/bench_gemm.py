@@ -61,7 +61,7 @@ def shapes_from_args(args) -> tuple[list, list]:
     return (named[:1] if args.quick else named), unnamed
 
 
-def measure_point(report, anchors: Anchors, shape, m: int, gen, unnamed: bool):
+def measure_point(report, anchors: Anchors, shape, m: int, gen, unnamed: bool, skip: frozenset = frozenset()):
     """The decode-step rows of one (shape, M); returns what phase 2 re-times."""
     from slim_kernel import tune
     from slim_kernel.timing import DecodeStep
@@ -76,13 +76,24 @@ def measure_point(report, anchors: Anchors, shape, m: int, gen, unnamed: bool):
         row = report.add(H.Row(shape.op, {**shape.key(), "m": m}, "cold", bytes_read=shape.n * shape.k * 2,
                                pattern="decode", producer=producer, unnamed=unnamed))
         step = DecodeStep(tp.producers[producer], len(tp.weights))
-        row.us.update(tune.measure(tp, producer == "pdl", report.notes, step))
+        row.us.update(tune.measure(tp, producer == "pdl", report.notes, step, skip))
         row.us.update(tune.read_confirmed(tp, step, producer == "pdl", columns(anchor_impls), report.notes))
         rows.append(row)
     return tp, rows
 
 
 FAILED: set = set()  # (shape, anchor) that could not run: not tried again at the next M
+
+
+def skipped_variants(path: str | None) -> dict[str, frozenset]:
+    """``{op: {"jit:<name>", ...}}`` from a file of ``op:name`` lines (None or empty: nothing skipped)."""
+    skip: dict[str, set] = {}
+    for line in Path(path).read_text().split() if path else ():
+        op, sep, name = line.partition(":")
+        if not sep or not name:
+            raise SystemExit(f"--skip-variants {path}: bad line {line!r} (want op:name)")
+        skip.setdefault(op, set()).add(f"jit:{name}")
+    return {op: frozenset(names) for op, names in skip.items()}
 
 
 def check(report, tp, name: str, fn) -> bool:
@@ -255,6 +266,8 @@ def main(argv=None) -> int:
     ap.add_argument("--ms", default="1-16", help="M values of the decode tables")
     ap.add_argument("--large-ms", default=",".join(str(m) for m in MEASURED_MS if m > 16), help="M past the anchors' window ('' for none)")
     ap.add_argument("--unnamed-ms", help="M values of the --unnamed-* shapes (default: --ms and --large-ms)")
+    ap.add_argument("--skip-variants", metavar="FILE", help="JIT variants never launched, one op:name per line "
+                                                            "(smoke_kernels.py --bad-file: the ones that failed alone)")
     ap.add_argument("--table", help="also write the regenerated routing table here")
     ap.add_argument("--summary", help="also write decode_step_summary.json here (rows of other versions kept)")
     ap.add_argument("--quick", action="store_true", help="M 1,8,16 and the first shape")
@@ -292,6 +305,7 @@ def main(argv=None) -> int:
         unnamed_ms = parse_ms(args.unnamed_ms) if args.unnamed_ms else named_ms
         anchors.warm_sglang(named + unnamed)
         gen = torch.Generator(device="cuda").manual_seed(0)
+        skip = skipped_variants(args.skip_variants)
         from slim_kernel import tune
 
         points = [(s, m) for s in named for m in named_ms] + [(s, m) for s in unnamed for m in unnamed_ms]
@@ -299,7 +313,8 @@ def main(argv=None) -> int:
         measured = []
         for shape in named + unnamed:
             for m in (unnamed_ms if shape in unnamed else named_ms):
-                measured.append(measure_point(report, anchors, shape, m, gen, shape in unnamed))
+                measured.append(measure_point(report, anchors, shape, m, gen, shape in unnamed,
+                                              skip.get(shape.op, frozenset())))
             Path(args.json).write_text(make_routing.dumps_table(report_dict(report), "rows"))  # so far, should a later step fail
             print(f"[bench] {shape.label()}: {len(report.rows)} rows, {time.time() - t0:.0f} s", flush=True)
         install_table(report_dict(report), Path(args.table) if args.table else None)

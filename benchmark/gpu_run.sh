@@ -56,7 +56,7 @@ stamp "waiting for the flashinfer / sglang modules"; wait "${warm_pids[@]}"; tee
 
 summary=()
 stamp "smoke test of every JIT configuration (one process each)"
-python3 benchmark/smoke_kernels.py 2>&1 | tee -a "$LOG" | grep -v "^smoke OK"
+python3 benchmark/smoke_kernels.py --bad-file /tmp/smoke_bad.txt 2>&1 | tee -a "$LOG" | grep -v "^smoke OK"
 if [[ " $STAGES " == *" tests "* ]]; then
   # The kernel matrix runs in its own process: a kernel that traps poisons its CUDA context.
   n=0
@@ -73,7 +73,8 @@ fi
 if [[ " $STAGES " == *" bench "* ]]; then
   stamp "bench_gemm (decode step: every model's shapes, candidates and anchors)"
   python3 benchmark/bench_gemm.py --json "$OUT/bench_gemm.json" --png "$OUT/bench_gemm.png" \
-      --table "$OUT/routing_sm90.json" ${SGL:+--sglang "$SGL"} ${BENCH_ARGS:-} 2>&1 | tee -a "$LOG" | tail -150
+      --table "$OUT/routing_sm90.json" --skip-variants /tmp/smoke_bad.txt ${SGL:+--sglang "$SGL"} ${BENCH_ARGS:-} \
+      2>&1 | tee -a "$LOG" | tail -150
 fi
 if [[ " $STAGES " == *" eager "* ]]; then
   stamp "bench_eager (bmm_fp8 host cost)"

@@ -239,3 +239,19 @@ def test_copy_bandwidth_is_a_dram_bandwidth_near_the_read_one():
 
     copy, read = harness.copy_bandwidth(), harness.hbm_read_bandwidth()
     assert 0.75 * read < copy < 1.15 * read, (copy / 1e9, read / 1e9)
+
+
+def test_skip_variants_reads_the_smoke_tests_bad_file(tmp_path):
+    import bench_gemm
+
+    bad = tmp_path / "bad.txt"
+    bad.write_text("dsv3_router_gemm:sliced_r2a14\ndsv3_fused_a_gemm:stream_w4p2\ndsv3_router_gemm:narrow_r2c72\n")
+    assert bench_gemm.skipped_variants(str(bad)) == {
+        "dsv3_router_gemm": frozenset({"jit:sliced_r2a14", "jit:narrow_r2c72"}),
+        "dsv3_fused_a_gemm": frozenset({"jit:stream_w4p2"})}
+    assert bench_gemm.skipped_variants(None) == {}
+    bad.write_text("")
+    assert bench_gemm.skipped_variants(str(bad)) == {}
+    bad.write_text("sliced_r2a14\n")
+    with pytest.raises(SystemExit, match="want op:name"):
+        bench_gemm.skipped_variants(str(bad))

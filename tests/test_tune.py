@@ -73,11 +73,11 @@ def fake_measure(monkeypatch):
         def calls(self, fn):
             return fn
 
-    def run(named, step, pdl=False):
+    def run(named, step, pdl=False, skip=frozenset()):
         monkeypatch.setattr(tune, "candidates", lambda point, pdl: named)
         notes = []
         point = FakeWorkload()
-        return tune.measure(point, pdl, notes, step), notes, point.checked
+        return tune.measure(point, pdl, notes, step, skip), notes, point.checked
 
     return run
 
@@ -120,6 +120,23 @@ def test_measure_times_a_kernel_several_names_launch_once(fake_measure):
     assert times == {"jit:a": 5.0, "jit:b": 5.0, "torch": 6.0}
     assert checked == [shared, other, wrong] and sorted(map(id, timed)) == sorted(map(id, [shared, other] * 3))
     assert len(notes) == 2 and all("not timed" in n for n in notes)
+
+
+def test_a_skipped_candidate_and_every_name_of_its_kernel_are_never_launched(fake_measure):
+    """bench_gemm.py --skip-variants: a variant that failed alone (smoke_kernels.py) is neither checked nor
+    timed, nor is another name that launches the same kernel."""
+    shared, other = (lambda *a: None), (lambda *a: None)
+
+    class FakeStep:
+        producer_us = 1.0
+
+        def time(self, fn):
+            assert fn is other
+            return 6.0
+
+    times, notes, checked = fake_measure({"jit:a": shared, "jit:b": shared, "torch": other}, FakeStep(),
+                                         skip=frozenset({"jit:b"}))
+    assert times == {"torch": 6.0} and checked == [other] and not notes
 
 
 def test_the_benchmark_reads_anchors_and_the_default_as_tune_reads_candidates(monkeypatch):

@@ -160,10 +160,12 @@ def read_confirmed(point: Workload, step, pdl: bool, fns: dict, notes: list[str]
     return times
 
 
-def measure(point: Workload, pdl: bool, notes: list[str], step=None) -> dict[str, float]:
+def measure(point: Workload, pdl: bool, notes: list[str], step=None, skip: frozenset = frozenset()) -> dict[str, float]:
     """µs per call of every correct candidate at ``point`` in one launch context (the PDL-aware
     producer with PDL launches, or the plain one without). ``step``: that producer's
-    ``timing.DecodeStep`` when the caller times more after it (made here otherwise)."""
+    ``timing.DecodeStep`` when the caller times more after it (made here otherwise). ``skip``: candidate
+    names never launched, nor any name that launches the same kernel (one that traps would leave the
+    process's CUDA context unusable)."""
     from .timing import DecodeStep
 
     producer = point.producers.get("pdl" if pdl else "plain")
@@ -171,6 +173,8 @@ def measure(point: Workload, pdl: bool, notes: list[str], step=None) -> dict[str
         return {}
     step = step or DecodeStep(producer, len(point.weights))
     named = candidates(point, pdl)
+    skipped = {fn for name, fn in named.items() if name in skip}
+    named = {name: fn for name, fn in named.items() if fn not in skipped}
     first = {}  # fn -> its first name: a kernel several names launch is checked and timed once
     for name, fn in named.items():
         first.setdefault(fn, name)
