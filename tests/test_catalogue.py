@@ -155,6 +155,9 @@ def test_geometry():
     assert cat.Direct(split=8).geometry(256, 24, 132) == ((16, 1, 1), (128, 1, 1), None)
     assert cat.Ring(tk=128, warps=4, loaders=1, split=8).geometry(384, 7168, 132) == ((24, 8, 1), (192, 1, 1), (1, 8, 1))
     assert cat.Ring(tk=128, split=8).geometry(256, 256, 132)[2] == (1, 2, 1)  # never more ranks than stages
+    # sliced: a CTA per `rows` rows over the whole K, no cluster
+    assert cat.Sliced(rows=2, warps=14).geometry(256, 7168, 132) == ((128, 1, 1), (448, 1, 1), None)
+    assert cat.Sliced(rows=8, warps=16).geometry(900, 7168, 132) == ((113, 1, 1), (512, 1, 1), None)
 
 
 def test_direct_instances_bucket_tokens_and_refuse_past_16():
@@ -224,13 +227,15 @@ def test_smem_formulas_match_the_kernels(tmp_path):
                 elif isinstance(cfg, cat.Stream):
                     expr = (f"slim::stream_smem_bytes({d['SK_NT']}, {d['SK_STAGES']}, {d['SK_PIECES']}, "
                             f"{d.get('SK_RT', 1)})")
+                elif isinstance(cfg, cat.Sliced):
+                    expr = f"slim::sliced_smem_bytes({d['SK_ROWS']}, {d['SK_NT']}, {d['SK_CW']})"
                 else:
                     expr = f"slim::narrow_smem_bytes({d['SK_ROWS']}, {d['SK_MT']}, {d['SK_THREADS']})"
                 cases.append((expr, cfg.smem(m)))
     src = tmp_path / "formulas.cu"
     body = "\n".join(f'    printf("%d\\n", {expr});' for expr, _ in cases)
     src.write_text('#include <cstdio>\n#include "skinny_gemm.cuh"\n#include "narrow_gemm.cuh"\n#include "ring_gemm.cuh"\n'
-                   '#include "direct_gemm.cuh"\n#include "stream_gemm.cuh"\n'
+                   '#include "direct_gemm.cuh"\n#include "stream_gemm.cuh"\n#include "sliced_gemm.cuh"\n'
                    f'int main() {{\n{body}\n    return 0;\n}}\n')
     exe = tmp_path / "formulas"
     proc = subprocess.run([_nvcc(), "-std=c++17", "-I", str(KERNELS), str(src), "-o", str(exe)],
@@ -318,7 +323,7 @@ def test_per_arch_limits_come_from_one_table():
 def test_variant_names_follow_one_rule_and_old_names_stay_aliases():
     import re
 
-    rule = re.compile(r"(skinny|narrow|ring|direct|stream)(_([rtnkcsawp]\d+|[gl])+)?")
+    rule = re.compile(r"(skinny|narrow|ring|direct|stream|sliced)(_([rtnkcsawp]\d+|[gl])+)?")
     for op, named in cat.VARIANTS.items():
         for name in named:
             assert rule.fullmatch(name), f"{op} {name}"
@@ -337,7 +342,7 @@ def test_family_ids_have_one_home_the_entry_points_agree():
     assert sorted(ids.values()) == list(range(len(ids)))
     for op, (source, _) in cat.SOURCES.items():
         text = (Path(cat.__file__).parent / "kernels" / source).read_text()
-        listed = dict((name, int(i)) for i, name in re.findall(r"(\d) (skinny|narrow|ring|direct|stream)",
+        listed = dict((name, int(i)) for i, name in re.findall(r"(\d) (skinny|narrow|ring|direct|stream|sliced)",
                                                                   text.split("SK_FAMILY", 2)[2].splitlines()[0]))
         assert listed and all(ids[name] == i for name, i in listed.items()), (source, listed)
         served = {cfg.kernel for cfg in cat.VARIANTS[op].values()}

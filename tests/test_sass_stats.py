@@ -39,13 +39,13 @@ def test_bad_arguments_are_refused(capsys):
 
 
 # Every configuration whose weight and activation loads share a thread: the weight loads of one round
-# (narrow, direct: into registers) or of the ring's first STAGES-1 blocks (skinny: cp.async) before the
+# (narrow, direct, sliced: into registers) or of the ring's first STAGES-1 blocks (skinny: cp.async) before the
 # PDL wait (ACQBULK), every activation load after it. ptxas keeps that order for coherent loads and
 # cp.async, not for ld.global.nc (kernels/ptx.cuh): with .nc it put the wait before the weights (narrow:
 # 0 loads before it) or after the activations (direct_c8: 21 at M=4, narrow_r7: 11). ring and stream
 # load weights and activations from different warps (one branch waits, the other does not).
 SHARED_LOADERS = [(op, name) for op in cat.VARIANTS for name, cfg in cat.VARIANTS[op].items()
-                  if cfg.kernel in ("narrow", "direct", "skinny")]
+                  if cfg.kernel in ("narrow", "direct", "skinny", "sliced")]
 
 
 def _weight_loads_before_wait(cfg, m: int) -> tuple[str, int]:
@@ -54,6 +54,8 @@ def _weight_loads_before_wait(cfg, m: int) -> tuple[str, int]:
         return "LDG", cfg.rows * cfg.cpt
     if cfg.kernel == "direct":
         return "LDG", 2 * cfg.bpw
+    if cfg.kernel == "sliced":
+        return "LDG", cfg.bpw
     return "LDGSTS", (cfg.stages_for(m) - 1) * 2 * cfg.rt
 
 

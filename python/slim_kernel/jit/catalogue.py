@@ -289,8 +289,52 @@ class Direct:
         return _partials(1, token_tiles(m), self.warps)
 
 
-GemmConfig = Skinny | Narrow | Ring | Direct | Stream
-FAMILIES: dict[str, type] = {cls.kernel: cls for cls in (Skinny, Narrow, Ring, Direct, Stream)}
+@dataclass(frozen=True)
+class Sliced:
+    kernel, family = "sliced", 5  # the family and its SK_FAMILY id (kernels/dsv3_*_gemm.cuh)
+    ops = (ROUTER, FUSED_A)
+    rows: int = 2  # weight rows per CTA (compile-time): the MMA's 8 columns hold 8 / rows K-slices of each
+    warps: int = 14  # warps per CTA (compile-time)
+    bpw: int = 4  # 32-k blocks per warp and round (compile-time): K = 7168 is one round where warps x bpw x 32 x 8 / rows >= K
+    tokens: int = 16  # the largest M served (the MMA's 16 rows are the tokens)
+    exactk: int = 7168  # K of the instances with constant addresses (exact_for; compile-time; 0: none)
+    generic_tokens: int = 0  # the largest M of the generic body (other shapes), where it spills past it (0: tokens)
+
+    def __post_init__(self):
+        _check(self.rows in (1, 2, 4, 8) and 1 <= self.warps <= 32 and 1 <= self.bpw <= 16 and 1 <= self.tokens <= 16
+               and self.exactk >= 0 and self.exactk % VEC == 0 and 0 <= self.generic_tokens <= self.tokens, self,
+               f"need rows 1, 2, 4 or 8, warps 1..32, bpw 1..16, tokens 1..16, exactk 0 or a multiple of {VEC}, "
+               "generic_tokens 0..tokens")
+
+    def exact_for(self, shape: tuple[int, int] | None) -> bool:
+        """Whether a call at (N, K) gets the instance compiled for its K (``shape`` None: the tuned shape)."""
+        return bool(self.exactk) and (shape is None or (shape[1] == self.exactk and shape[0] % self.rows == 0))
+
+    def max_m(self, shape: tuple[int, int] | None = None) -> int:
+        """The largest M served at the call's (N, K) (None: the tuned shape)."""
+        return self.generic_tokens if self.generic_tokens and not self.exact_for(shape) else self.tokens
+
+    def instance(self, op: str, m: int, out_dtype: str, shape: tuple[int, int] | None = None) -> KernelInstance:
+        if m > self.max_m(shape):
+            raise ValueError(f"this sliced kernel serves M <= {self.max_m(shape)} at this shape, got M={m}")
+        exact = {"SK_EXACTK": self.exactk} if self.exact_for(shape) else {}
+        return _make(op, out_dtype, SK_FAMILY=self.family, SK_ROWS=self.rows, SK_NT=token_tiles(m), SK_CW=self.warps,
+                     SK_BPW=self.bpw, **exact)
+
+    def geometry(self, n: int, k: int, sm_count: int) -> tuple[tuple, tuple, tuple | None]:
+        return (_cdiv(n, self.rows), 1, 1), (32 * self.warps, 1, 1), None
+
+    def registers(self, m: int, shape: tuple[int, int] | None = None) -> int:
+        """Registers per thread: the block bound (one CTA per SM; warps allocated in fours), which ptxas fills
+        (116-166 at M 1-16 under nvcc 13.0, hoisting the token batches)."""
+        return min(255, 65536 // (128 * _cdiv(self.warps, 4)) // 8 * 8)
+
+    def smem(self, m: int, shape: tuple[int, int] | None = None) -> int:  # sliced_smem_bytes in kernels/sliced_gemm.cuh
+        return self.warps * 8 * token_tiles(m) * self.rows * 4
+
+
+GemmConfig = Skinny | Narrow | Ring | Direct | Stream | Sliced
+FAMILIES: dict[str, type] = {cls.kernel: cls for cls in (Skinny, Narrow, Ring, Direct, Stream, Sliced)}
 
 
 def _stages_that_fit(wanted: int, fixed: int, per_stage: int) -> int:
@@ -354,6 +398,11 @@ _VARIANTS: dict[str, dict[str, GemmConfig]] = {
         "direct_s8": Direct(warps=4, bpw=7, split=8),  # M 7-16: fragments straight into registers, 8-CTA split
         "direct_s4": Direct(warps=8, bpw=7, split=4),  # the same with a 4-CTA split (E 256-384, M 11-15)
         "direct_s16": Direct(warps=2, bpw=7, split=16),  # the same with a 16-CTA split (M 10-16)
+        # sliced: narrow's CTA per few rows over the whole K on mma.sync, the MMA's 8 columns holding K-slices
+        "sliced_r2a14": Sliced(rows=2, warps=14, bpw=4, tokens=8),  # M 9-16 spills under 128 registers
+        "sliced_r2a12": Sliced(rows=2, warps=12, bpw=5, generic_tokens=8),
+        "sliced_r4a16": Sliced(rows=4, warps=16, bpw=7),
+        "sliced_r8a16": Sliced(rows=8, warps=16, bpw=14),
     },
     FUSED_A: {
         "skinny": Skinny(rt=1, stages=8, warps=8, split=1),  # any shape and M: the fallback
@@ -370,6 +419,8 @@ _VARIANTS: dict[str, dict[str, GemmConfig]] = {
         "narrow_r2t896": Narrow(rows=2, cpt=1, threads=896, tokens=10, exactk=7168),  # M 1-6
         "narrow_r4t896": Narrow(rows=4, cpt=1, threads=896, tokens=16, generic_tokens=4, exactk=7168),  # M 1-4
         "narrow_r8t896": Narrow(rows=8, cpt=1, threads=896, tokens=4, generic_tokens=1, exactk=7168),  # never the fastest yet
+        "sliced_r4a16": Sliced(rows=4, warps=16, bpw=7),
+        "sliced_r8a16": Sliced(rows=8, warps=16, bpw=14),
     },
 }
 ALIASES: dict[str, dict[str, str]] = {

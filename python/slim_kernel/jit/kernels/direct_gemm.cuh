@@ -24,14 +24,6 @@ namespace slim {
 
 __host__ __device__ constexpr int direct_smem_bytes(int nt, int warps) { return partials_bytes(1, nt, warps); }
 
-__device__ __forceinline__ void ldg_na128_or_zero(const __nv_bfloat16* p, bool ok, unsigned (&v)[4]) {
-    if (ok) {
-        ldg_na128(p, v);
-    } else {
-        v[0] = v[1] = v[2] = v[3] = 0u;
-    }
-}
-
 template <int NT, int WARPS, int BPW, bool OUT_BF16>
 __device__ __forceinline__ void direct_gemm(const __nv_bfloat16* __restrict__ act, const __nv_bfloat16* __restrict__ w,
                                             void* __restrict__ out, int M, int N, int K, int lda, int ldw, int ldo) {

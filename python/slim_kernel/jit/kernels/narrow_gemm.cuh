@@ -151,7 +151,7 @@ __device__ __forceinline__ void narrow_gemm(const __nv_bfloat16* __restrict__ ac
     }
 }
 
-#ifdef SK_ROWS
+#if defined(SK_FAMILY) && SK_FAMILY == 1
 // The instance the catalogue compiles (-D SK_ROWS, SK_MT, SK_CPT, SK_THREADS; optional SK_PLAIN, SK_LATE and
 // SK_EXACTK), called by both ops' entry points.
 #ifndef SK_EXACTK

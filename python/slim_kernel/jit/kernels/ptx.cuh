@@ -57,6 +57,15 @@ __device__ __forceinline__ void ldg_na128(const void* p, unsigned (&v)[4]) {
                  : "=r"(v[0]), "=r"(v[1]), "=r"(v[2]), "=r"(v[3]) : "l"(p));
 }
 
+// The same, or zeros without reading where !ok (past K, N or M).
+__device__ __forceinline__ void ldg_na128_or_zero(const void* p, bool ok, unsigned (&v)[4]) {
+    if (ok) {
+        ldg_na128(p, v);
+    } else {
+        v[0] = v[1] = v[2] = v[3] = 0u;
+    }
+}
+
 // Plain 16-byte global load (coherent path, L1-allocating), as a compiler-generated vector load.
 __device__ __forceinline__ void ldg128(const void* p, unsigned (&v)[4]) {
     asm volatile("ld.global.v4.u32 {%0, %1, %2, %3}, [%4];\n"
