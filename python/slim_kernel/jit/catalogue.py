@@ -2,7 +2,7 @@
 
 Torch-free (the AOT baseline and precompile read it without torch). Both JIT ops are one skinny
 GEMM, ``out(M, N) = act(M, K) @ W(N, K)^T`` (the router: W = the (E, K) router weight, fp32 or
-bf16 out; fused-A: W = ``mat_b.T``, bf16 out), served by five kernel families whose sources live
+bf16 out; fused-A: W = ``mat_b.T``, bf16 out), served by six kernel families whose sources live
 in ``kernels/`` (design notes there):
 
   skinny  per-thread cp.async ring, swap-AB mma.sync, split-K over warps and a cluster (both ops)
@@ -13,6 +13,8 @@ in ``kernels/`` (design notes there):
           registers (router, M <= 16)
   stream  weight and token loader warps filling an mbarrier ring, four compute warps each owning a
           quarter of K, a CTA per 16 rows (fused-A, M <= 32)
+  sliced  narrow's CTA per few rows over the whole K on mma.sync, the MMA's 8 columns holding the
+          rows' K-slices (router, M <= 16)
 
 A family config is a frozen dataclass with ``instance(op, m, out_dtype, shape=None)`` (``shape`` =
 the call's (N, K); None = the tuned shape), ``geometry(n, k, sm_count)`` and ``smem(m, shape=None)``
@@ -292,7 +294,7 @@ class Direct:
 @dataclass(frozen=True)
 class Sliced:
     kernel, family = "sliced", 5  # the family and its SK_FAMILY id (kernels/dsv3_*_gemm.cuh)
-    ops = (ROUTER, FUSED_A)
+    ops = (ROUTER,)  # fused-A lost to stream and flashinfer at every M (benchmark/DESIGN.md)
     rows: int = 2  # weight rows per CTA (compile-time): the MMA's 8 columns hold 8 / rows K-slices of each
     warps: int = 14  # warps per CTA (compile-time)
     bpw: int = 4  # 32-k blocks per warp and round (compile-time): K = 7168 is one round where warps x bpw x 32 x 8 / rows >= K
@@ -398,10 +400,7 @@ _VARIANTS: dict[str, dict[str, GemmConfig]] = {
         "direct_s8": Direct(warps=4, bpw=7, split=8),  # M 7-16: fragments straight into registers, 8-CTA split
         "direct_s4": Direct(warps=8, bpw=7, split=4),  # the same with a 4-CTA split (E 256-384, M 11-15)
         "direct_s16": Direct(warps=2, bpw=7, split=16),  # the same with a 16-CTA split (M 10-16)
-        # sliced: narrow's CTA per few rows over the whole K on mma.sync, the MMA's 8 columns holding K-slices
-        "sliced_r2a14": Sliced(rows=2, warps=14, bpw=4, tokens=8),  # M 9-16 spills under 128 registers
-        "sliced_r2a12": Sliced(rows=2, warps=12, bpw=5, generic_tokens=8),
-        "sliced_r4a16": Sliced(rows=4, warps=16, bpw=7),
+        # sliced: narrow's CTA per few rows over the whole K on mma.sync (8 rows: no K-slices), E 384-896 from M 4
         "sliced_r8a16": Sliced(rows=8, warps=16, bpw=14),
     },
     FUSED_A: {
@@ -419,8 +418,6 @@ _VARIANTS: dict[str, dict[str, GemmConfig]] = {
         "narrow_r2t896": Narrow(rows=2, cpt=1, threads=896, tokens=10, exactk=7168),  # M 1-6
         "narrow_r4t896": Narrow(rows=4, cpt=1, threads=896, tokens=16, generic_tokens=4, exactk=7168),  # M 1-4
         "narrow_r8t896": Narrow(rows=8, cpt=1, threads=896, tokens=4, generic_tokens=1, exactk=7168),  # never the fastest yet
-        "sliced_r4a16": Sliced(rows=4, warps=16, bpw=7),
-        "sliced_r8a16": Sliced(rows=8, warps=16, bpw=14),
     },
 }
 ALIASES: dict[str, dict[str, str]] = {
