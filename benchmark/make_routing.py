@@ -59,7 +59,8 @@ RESULTS = {"h200": ["bench_gemm_fi074.json", "bench_gemm_fi074_routers_large.jso
            "bench_gemm_fi072_narrow_fused_a.json", "bench_gemm_fi072_heldout4.json",
            "bench_gemm_fi072_stream_trigger.json"],
            "h100": ["bench_gemm_fi074_fused_a.json", "bench_gemm_fi074_routers.json", "bench_gemm_fi072.json",
-                    "bench_gemm_fi074_m1_16.json", "bench_gemm_fi072_m1_16.json"]}
+                    "bench_gemm_fi074_m1_16_fused_a.json", "bench_gemm_fi074_m1_16_routers.json",
+                    "bench_gemm_fi072_m1_16.json"]}
 REPLAYED = {"h100"}  # folders whose runs' default read another GPU's table (see the module docstring)
 SUMMARY_NAME = "decode_step_summary.json"
 RESULTS_DIR = RESULTS_ROOT / "h200"
