@@ -4,9 +4,9 @@
 // reduction) on the tensor cores instead of CUDA-core FMAs. One mma.m16n8k16 multiplies 16 tokens (its rows) by
 // 8 columns; a CTA has only ROWS (1, 2, 4 or 8) weight rows, so the 8 columns hold its rows' SL = 8 / ROWS K-slices:
 // column c is row c / SL over k in [s*KS, (s+1)*KS) with s = c % SL, KS = K / SL rounded up to 8. For each slice
-// s the tokens' k of slice s multiply all 8 columns and only the columns of slice s keep their products: SL times
-// the MMAs, which cost little next to the FMAs and bf16 -> fp32 conversions narrow issues per token (its time
-// grows ~0.15 us per token at E=256 K=7168 on the H200, mostly that arithmetic and the token batches' round trips).
+// s the tokens' k of slice s multiply all 8 columns and only the columns of slice s keep their products (SL times
+// the MMAs, which cost little). With 8 rows (no slicing) a token is read once per 8 rows and the time grows ~0.18 us
+// a token at E=896 on the H100 against narrow's 0.4-0.6; fewer rows lost to narrow everywhere (benchmark/DESIGN.md).
 //  * Every lane loads real bytes: lane (g, t) loads 16 bytes of column g (row g / SL, slice g % SL) per 32-k block,
 //    k 8t..8t+7 of the block (reduce.cuh's K permutation, the same for both operands), and of tokens g and g + 8
 //    (NT = 2) for every slice.
