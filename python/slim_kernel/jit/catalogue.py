@@ -298,27 +298,23 @@ class Sliced:
     rows: int = 2  # weight rows per CTA (compile-time): the MMA's 8 columns hold 8 / rows K-slices of each
     warps: int = 14  # warps per CTA (compile-time)
     bpw: int = 4  # 32-k blocks per warp and round (compile-time): K = 7168 is one round where warps x bpw x 32 x 8 / rows >= K
-    tokens: int = 16  # the largest M served (the MMA's 16 rows are the tokens)
     exactk: int = 7168  # K of the instances with constant addresses (exact_for; compile-time; 0: none)
-    generic_tokens: int = 0  # the largest M of the generic body (other shapes), where it spills past it (0: tokens)
 
     def __post_init__(self):
-        _check(self.rows in (1, 2, 4, 8) and 1 <= self.warps <= 32 and 1 <= self.bpw <= 16 and 1 <= self.tokens <= 16
-               and self.exactk >= 0 and self.exactk % VEC == 0 and 0 <= self.generic_tokens <= self.tokens, self,
-               f"need rows 1, 2, 4 or 8, warps 1..32, bpw 1..16, tokens 1..16, exactk 0 or a multiple of {VEC}, "
-               "generic_tokens 0..tokens")
+        _check(self.rows in (1, 2, 4, 8) and 1 <= self.warps <= 32 and 1 <= self.bpw <= 16 and self.exactk >= 0
+               and self.exactk % VEC == 0, self,
+               f"need rows 1, 2, 4 or 8, warps 1..32, bpw 1..16, exactk 0 or a multiple of {VEC}")
 
     def exact_for(self, shape: tuple[int, int] | None) -> bool:
         """Whether a call at (N, K) gets the instance compiled for its K (``shape`` None: the tuned shape)."""
         return bool(self.exactk) and (shape is None or (shape[1] == self.exactk and shape[0] % self.rows == 0))
 
     def max_m(self, shape: tuple[int, int] | None = None) -> int:
-        """The largest M served at the call's (N, K) (None: the tuned shape)."""
-        return self.generic_tokens if self.generic_tokens and not self.exact_for(shape) else self.tokens
+        return 16  # the MMA's 16 rows are the tokens
 
     def instance(self, op: str, m: int, out_dtype: str, shape: tuple[int, int] | None = None) -> KernelInstance:
-        if m > self.max_m(shape):
-            raise ValueError(f"this sliced kernel serves M <= {self.max_m(shape)} at this shape, got M={m}")
+        if m > self.max_m():
+            raise ValueError(f"this sliced kernel serves M <= {self.max_m()}, got M={m}")
         exact = {"SK_EXACTK": self.exactk} if self.exact_for(shape) else {}
         return _make(op, out_dtype, SK_FAMILY=self.family, SK_ROWS=self.rows, SK_NT=token_tiles(m), SK_CW=self.warps,
                      SK_BPW=self.bpw, **exact)
@@ -328,7 +324,7 @@ class Sliced:
 
     def registers(self, m: int, shape: tuple[int, int] | None = None) -> int:
         """Registers per thread: the block bound (one CTA per SM; warps allocated in fours), which ptxas fills
-        (116-166 at M 1-16 under nvcc 13.0, hoisting the token batches)."""
+        (`sliced_r8a16`: 106 at K=7168, 118-128 in the generic body under nvcc 13.0, hoisting the token batches)."""
         return min(255, 65536 // (128 * _cdiv(self.warps, 4)) // 8 * 8)
 
     def smem(self, m: int, shape: tuple[int, int] | None = None) -> int:  # sliced_smem_bytes in kernels/sliced_gemm.cuh
