@@ -56,6 +56,7 @@ stamp "waiting for the flashinfer / sglang modules"; wait "${warm_pids[@]}"; tee
 
 summary=()
 stamp "smoke test of every JIT configuration (one process each)"
+rm -f /tmp/smoke_bad.txt  # a warm machine keeps /tmp: never skip by an earlier call's list
 python3 benchmark/smoke_kernels.py --bad-file /tmp/smoke_bad.txt 2>&1 | tee -a "$LOG" | grep -v "^smoke OK"
 if [[ " $STAGES " == *" tests "* ]]; then
   # The kernel matrix runs in its own process: a kernel that traps poisons its CUDA context.

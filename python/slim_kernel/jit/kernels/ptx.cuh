@@ -1,4 +1,4 @@
-// PTX wrappers shared by the GEMM bodies (skinny_gemm.cuh, narrow_gemm.cuh, ring_gemm.cuh, stream_gemm.cuh).
+// PTX wrappers shared by the GEMM bodies (skinny, narrow, ring, direct, stream and sliced: *_gemm.cuh).
 // Device code only, no host code and no std headers: NVRTC, nvcc -cubin and the AOT baseline
 // all compile it. Everything here needs SM >= 9.0 (griddepcontrol, clusters).
 #pragma once
