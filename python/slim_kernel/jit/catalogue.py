@@ -398,6 +398,8 @@ _VARIANTS: dict[str, dict[str, GemmConfig]] = {
         "direct_s16": Direct(warps=2, bpw=7, split=16),  # the same with a 16-CTA split (M 10-16)
         # sliced: narrow's CTA per few rows over the whole K on mma.sync (8 rows: no K-slices), E 384-896 from M 4
         "sliced_r8a16": Sliced(rows=8, warps=16, bpw=14),
+        "sliced_r8a32": Sliced(rows=8, warps=32, bpw=7),
+        "sliced_r8a28": Sliced(rows=8, warps=28, bpw=8),
     },
     FUSED_A: {
         "skinny": Skinny(rt=1, stages=8, warps=8, split=1),  # any shape and M: the fallback
