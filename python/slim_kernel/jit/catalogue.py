@@ -389,6 +389,9 @@ _VARIANTS: dict[str, dict[str, GemmConfig]] = {
         "narrow_r2t384k6c128": Narrow(rows=2, cpt=2, threads=384, tokens=16, regs=128, exactk=6144),  # K=6144 M 12-16 (plain producer; H100 and H200)
         "narrow_r2c104": Narrow(rows=2, cpt=2, threads=448, tokens=12, regs=104, exactk=7168),  # E=256 M=11 (plain producer; H100 and H200)
         "narrow_r2c128": Narrow(rows=2, cpt=2, threads=448, tokens=16, regs=128, exactk=7168),  # E=256 M 12-13 (plain producer; H100 and H200)
+        "narrow_r2c112": Narrow(rows=2, cpt=2, threads=448, tokens=16, regs=112, exactk=7168),  # trial: E=256 M 13-16 after the PDL-aware producer
+        "narrow_r1c80g": Narrow(rows=1, cpt=2, threads=448, tokens=10, plain=1, regs=80, exactk=7168),  # trial: E=256 M 9-10 (PDL-aware producer)
+        "narrow_r1c88g": Narrow(rows=1, cpt=2, threads=448, tokens=12, plain=1, regs=88, exactk=7168),  # trial: the same to M=12
         "narrow_r3c128": Narrow(rows=3, cpt=2, threads=448, tokens=10, regs=128, exactk=7168),  # E=384 M=9 on the H100 (M=11 spills under NVRTC)
         "narrow_r1t224": Narrow(rows=1, cpt=4, threads=224, tokens=16, exactk=7168),  # E=128, M 11-12, K in one round
         "narrow_r1t224c128": Narrow(rows=1, cpt=4, threads=224, tokens=16, regs=128, exactk=7168),  # E=128 M 11-15 (H100 and H200; uncapped: 149-163 registers)
