@@ -389,9 +389,6 @@ _VARIANTS: dict[str, dict[str, GemmConfig]] = {
         "narrow_r2t384k6c128": Narrow(rows=2, cpt=2, threads=384, tokens=16, regs=128, exactk=6144),  # K=6144 M 12-16 (plain producer; H100 and H200)
         "narrow_r2c104": Narrow(rows=2, cpt=2, threads=448, tokens=12, regs=104, exactk=7168),  # E=256 M=11 (plain producer; H100 and H200)
         "narrow_r2c128": Narrow(rows=2, cpt=2, threads=448, tokens=16, regs=128, exactk=7168),  # E=256 M 12-13 (plain producer; H100 and H200)
-        "narrow_r2c112": Narrow(rows=2, cpt=2, threads=448, tokens=16, regs=112, exactk=7168),  # trial: E=256 M 13-16 after the PDL-aware producer
-        "narrow_r1c80g": Narrow(rows=1, cpt=2, threads=448, tokens=10, plain=1, regs=80, exactk=7168),  # trial: E=256 M 9-10 (PDL-aware producer)
-        "narrow_r1c88g": Narrow(rows=1, cpt=2, threads=448, tokens=12, plain=1, regs=88, exactk=7168),  # trial: the same to M=12
         "narrow_r3c128": Narrow(rows=3, cpt=2, threads=448, tokens=10, regs=128, exactk=7168),  # E=384 M=9 on the H100 (M=11 spills under NVRTC)
         "narrow_r1t224": Narrow(rows=1, cpt=4, threads=224, tokens=16, exactk=7168),  # E=128, M 11-12, K in one round
         "narrow_r1t224c128": Narrow(rows=1, cpt=4, threads=224, tokens=16, regs=128, exactk=7168),  # E=128 M 11-15 (H100 and H200; uncapped: 149-163 registers)
@@ -399,10 +396,11 @@ _VARIANTS: dict[str, dict[str, GemmConfig]] = {
         "direct_s8": Direct(warps=4, bpw=7, split=8),  # M 7-16: fragments straight into registers, 8-CTA split
         "direct_s4": Direct(warps=8, bpw=7, split=4),  # the same with a 4-CTA split (E 256-384, M 11-15)
         "direct_s16": Direct(warps=2, bpw=7, split=16),  # the same with a 16-CTA split (M 10-16)
-        # sliced: narrow's CTA per few rows over the whole K on mma.sync (8 rows: no K-slices), E 384-896 from M 4
-        "sliced_r8a16": Sliced(rows=8, warps=16, bpw=14),
-        "sliced_r8a32": Sliced(rows=8, warps=32, bpw=7),
-        "sliced_r8a28": Sliced(rows=8, warps=28, bpw=8),
+        # sliced: narrow's CTA per few rows over the whole K on mma.sync (8 rows: no K-slices), E 384-896 from M 3;
+        # K=7168 in one round of 14, 8 or 7 weight loads a lane (more warps: fewer loads queued per lane)
+        "sliced_r8a16": Sliced(rows=8, warps=16, bpw=14),  # E 384-896, M 4-16 (H100)
+        "sliced_r8a28": Sliced(rows=8, warps=28, bpw=8),  # E=896 M 3-9, E=384 M 6-8 (H200)
+        "sliced_r8a32": Sliced(rows=8, warps=32, bpw=7),  # E 384-896, M 7-16 (H200)
     },
     FUSED_A: {
         "skinny": Skinny(rt=1, stages=8, warps=8, split=1),  # any shape and M: the fallback
