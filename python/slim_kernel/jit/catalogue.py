@@ -398,7 +398,7 @@ _VARIANTS: dict[str, dict[str, GemmConfig]] = {
         "direct_s16": Direct(warps=2, bpw=7, split=16),  # the same with a 16-CTA split (M 10-16)
         # sliced: narrow's CTA per few rows over the whole K on mma.sync (8 rows: no K-slices), E 384-896 from M 3;
         # K=7168 in one round of 14, 8 or 7 weight loads a lane (more warps: fewer loads queued per lane)
-        "sliced_r8a16": Sliced(rows=8, warps=16, bpw=14),  # E 384-896, M 4-16 (H100)
+        "sliced_r8a16": Sliced(rows=8, warps=16, bpw=14),  # E 384-896, M 4-16 (H100; on the H200 at 14 points)
         "sliced_r8a28": Sliced(rows=8, warps=28, bpw=8),  # E=896 M 3-9, E=384 M 6-8 (H200)
         "sliced_r8a32": Sliced(rows=8, warps=32, bpw=7),  # E 384-896, M 7-16 (H200)
     },
