@@ -156,8 +156,8 @@ def test_geometry():
     assert cat.Ring(tk=128, warps=4, loaders=1, split=8).geometry(384, 7168, 132) == ((24, 8, 1), (192, 1, 1), (1, 8, 1))
     assert cat.Ring(tk=128, split=8).geometry(256, 256, 132)[2] == (1, 2, 1)  # never more ranks than stages
     # sliced: a CTA per `rows` rows over the whole K, no cluster
-    assert cat.Sliced(rows=2, warps=14).geometry(256, 7168, 132) == ((128, 1, 1), (448, 1, 1), None)
-    assert cat.Sliced(rows=8, warps=16).geometry(900, 7168, 132) == ((113, 1, 1), (512, 1, 1), None)
+    assert cat.Sliced(warps=14).geometry(256, 7168, 132) == ((32, 1, 1), (448, 1, 1), None)
+    assert cat.Sliced(warps=16).geometry(900, 7168, 132) == ((113, 1, 1), (512, 1, 1), None)
 
 
 def test_direct_instances_bucket_tokens_and_refuse_past_16():
@@ -228,7 +228,7 @@ def test_smem_formulas_match_the_kernels(tmp_path):
                     expr = (f"slim::stream_smem_bytes({d['SK_NT']}, {d['SK_STAGES']}, {d['SK_PIECES']}, "
                             f"{d.get('SK_RT', 1)})")
                 elif isinstance(cfg, cat.Sliced):
-                    expr = f"slim::sliced_smem_bytes({d['SK_ROWS']}, {d['SK_NT']}, {d['SK_CW']})"
+                    expr = f"slim::sliced_smem_bytes({d['SK_NT']}, {d['SK_CW']})"
                 else:
                     expr = f"slim::narrow_smem_bytes({d['SK_ROWS']}, {d['SK_MT']}, {d['SK_THREADS']})"
                 cases.append((expr, cfg.smem(m)))

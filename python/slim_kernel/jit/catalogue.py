@@ -13,8 +13,8 @@ in ``kernels/`` (design notes there):
           registers (router, M <= 16)
   stream  weight and token loader warps filling an mbarrier ring, four compute warps each owning a
           quarter of K, a CTA per 16 rows (fused-A, M <= 32)
-  sliced  narrow's CTA per few rows over the whole K on mma.sync, the MMA's 8 columns holding the
-          rows' K-slices (router, M <= 16)
+  sliced  narrow's CTA per 8 rows over the whole K on mma.sync, the MMA's 8 columns holding the
+          rows (router, M <= 16)
 
 A family config is a frozen dataclass with ``instance(op, m, out_dtype, shape=None)`` (``shape`` =
 the call's (N, K); None = the tuned shape), ``geometry(n, k, sm_count)`` and ``smem(m, shape=None)``
@@ -295,15 +295,14 @@ class Direct:
 class Sliced:
     kernel, family = "sliced", 5  # the family and its SK_FAMILY id (kernels/dsv3_*_gemm.cuh)
     ops = (ROUTER,)  # fused-A lost to stream and flashinfer at every M (benchmark/DESIGN.md)
-    rows: int = 2  # weight rows per CTA (compile-time): the MMA's 8 columns hold 8 / rows K-slices of each
-    warps: int = 14  # warps per CTA (compile-time)
-    bpw: int = 4  # 32-k blocks per warp and round (compile-time): K = 7168 is one round where warps x bpw x 32 x 8 / rows >= K
+    rows = 8  # weight rows per CTA: the MMA's 8 columns (kSlicedRows in kernels/sliced_gemm.cuh)
+    warps: int = 16  # warps per CTA (compile-time)
+    bpw: int = 14  # 32-k blocks per warp and round (compile-time): K = 7168 is one round where warps x bpw x 32 >= K
     exactk: int = 7168  # K of the instances with constant addresses (exact_for; compile-time; 0: none)
 
     def __post_init__(self):
-        _check(self.rows in (1, 2, 4, 8) and 1 <= self.warps <= 32 and 1 <= self.bpw <= 16 and self.exactk >= 0
-               and self.exactk % VEC == 0, self,
-               f"need rows 1, 2, 4 or 8, warps 1..32, bpw 1..16, exactk 0 or a multiple of {VEC}")
+        _check(1 <= self.warps <= 32 and 1 <= self.bpw <= 16 and self.exactk >= 0 and self.exactk % VEC == 0, self,
+               f"need warps 1..32, bpw 1..16, exactk 0 or a multiple of {VEC}")
 
     def exact_for(self, shape: tuple[int, int] | None) -> bool:
         """Whether a call at (N, K) gets the instance compiled for its K (``shape`` None: the tuned shape)."""
@@ -316,8 +315,8 @@ class Sliced:
         if m > self.max_m():
             raise ValueError(f"this sliced kernel serves M <= {self.max_m()}, got M={m}")
         exact = {"SK_EXACTK": self.exactk} if self.exact_for(shape) else {}
-        return _make(op, out_dtype, SK_FAMILY=self.family, SK_ROWS=self.rows, SK_NT=token_tiles(m), SK_CW=self.warps,
-                     SK_BPW=self.bpw, **exact)
+        return _make(op, out_dtype, SK_FAMILY=self.family, SK_NT=token_tiles(m), SK_CW=self.warps, SK_BPW=self.bpw,
+                     **exact)
 
     def geometry(self, n: int, k: int, sm_count: int) -> tuple[tuple, tuple, tuple | None]:
         return (_cdiv(n, self.rows), 1, 1), (32 * self.warps, 1, 1), None
@@ -396,11 +395,11 @@ _VARIANTS: dict[str, dict[str, GemmConfig]] = {
         "direct_s8": Direct(warps=4, bpw=7, split=8),  # M 7-16: fragments straight into registers, 8-CTA split
         "direct_s4": Direct(warps=8, bpw=7, split=4),  # the same with a 4-CTA split (E 256-384, M 11-15)
         "direct_s16": Direct(warps=2, bpw=7, split=16),  # the same with a 16-CTA split (M 10-16)
-        # sliced: narrow's CTA per few rows over the whole K on mma.sync (8 rows: no K-slices), E 384-896 from M 3;
+        # sliced: narrow's CTA per 8 rows over the whole K on mma.sync, E 384-896 from M 3;
         # K=7168 in one round of 14, 8 or 7 weight loads a lane (more warps: fewer loads queued per lane)
-        "sliced_r8a16": Sliced(rows=8, warps=16, bpw=14),  # E 384-896, M 4-16 (H100; on the H200 at 14 points)
-        "sliced_r8a28": Sliced(rows=8, warps=28, bpw=8),  # E=896 M 3-9, E=384 M 6-8 (H200)
-        "sliced_r8a32": Sliced(rows=8, warps=32, bpw=7),  # E 384-896, M 7-16 (H200)
+        "sliced_r8a16": Sliced(warps=16, bpw=14),  # E 384-896, M 4-16 (H100; on the H200 at 14 points)
+        "sliced_r8a28": Sliced(warps=28, bpw=8),  # E=896 M 3-9, E=384 M 6-8 (H200)
+        "sliced_r8a32": Sliced(warps=32, bpw=7),  # E 384-896, M 7-16 (H200)
     },
     FUSED_A: {
         "skinny": Skinny(rt=1, stages=8, warps=8, split=1),  # any shape and M: the fallback

@@ -15,8 +15,7 @@
 //           the straight-line body for K == SK_EXACTK, M == SK_MT and E % SK_ROWS == 0 only)
 //   ring:   SK_NT, SK_TK (k per stage), SK_STAGES, SK_CW (compute warps), SK_LW (weight-loader warps)
 //   direct: SK_NT, SK_CW (warps), SK_BPW (32-k blocks per warp and round)
-//   sliced: SK_ROWS (rows per CTA: 1, 2, 4 or 8), SK_NT, SK_CW, SK_BPW, SK_EXACTK (optional: the body for
-//           K == SK_EXACTK and E % SK_ROWS == 0 only)
+//   sliced: SK_NT, SK_CW, SK_BPW, SK_EXACTK (optional: the body for K == SK_EXACTK and E % 8 == 0 only)
 #include "direct_gemm.cuh"
 #include "narrow_gemm.cuh"
 #include "ring_gemm.cuh"
