@@ -155,7 +155,7 @@ def test_geometry():
     assert cat.Direct(split=8).geometry(256, 24, 132) == ((16, 1, 1), (128, 1, 1), None)
     assert cat.Ring(tk=128, warps=4, loaders=1, split=8).geometry(384, 7168, 132) == ((24, 8, 1), (192, 1, 1), (1, 8, 1))
     assert cat.Ring(tk=128, split=8).geometry(256, 256, 132)[2] == (1, 2, 1)  # never more ranks than stages
-    # sliced: a CTA per `rows` rows over the whole K, no cluster
+    # sliced: a CTA per 8 rows over the whole K, no cluster
     assert cat.Sliced(warps=14).geometry(256, 7168, 132) == ((32, 1, 1), (448, 1, 1), None)
     assert cat.Sliced(warps=16).geometry(900, 7168, 132) == ((113, 1, 1), (512, 1, 1), None)
 
