@@ -204,3 +204,53 @@ def _elf_with_strtab(table: bytes) -> bytes:
     shoff = EHDR + len(names) + len(table)
     heads = shdr(0, 0, 0, 0) + shdr(1, 3, EHDR, len(names)) + shdr(11, 3, EHDR + len(names), len(table))
     return elf_header(shoff, 3) + names + table + heads
+
+
+def test_raw_cubin_size_covers_sections_after_a_leading_table():
+    """A raw cubin is sized to the end of its tables and of every section they place, so one whose
+    section table comes first (CUPTI's) is read whole; a section claiming bytes past the member
+    leaves the tables' end (the ELF reader then says what is truncated)."""
+    import struct
+
+    from audit_fixtures import tiny_elf
+    from audit_fixtures.layouts import _table_first
+
+    from slim_kernel.audit.embedded import cubin_size
+
+    def size(data: bytes, tail: int = 100) -> int:
+        data += b"\xaa" * tail  # what follows the cubin in the member
+        return cubin_size(Pull(io.BytesIO(data), len(data), "m"), len(data))
+
+    last = tiny_elf(["dsv3_router_gemm_kernel", "other"])
+    first = _table_first(last)
+    shnum = struct.unpack_from("<H", first, 60)[0]
+    assert size(last) == len(last)
+    assert size(first) == len(first) > 64 + shnum * 64
+    lying = bytearray(first)
+    struct.pack_into("<Q", lying, 64 + 1 * 64 + 32, 1 << 40)  # section 1's size: past the member
+    assert size(bytes(lying)) == 64 + shnum * 64
+    struct.pack_into("<I", lying, 64 + 1 * 64 + 4, 0x7000000A)  # SHT_CUDA_SHARED: memory, no file bytes
+    assert size(bytes(lying)) == len(first)
+
+
+def test_cuda_memory_sections_hold_no_file_bytes():
+    """A cubin's SHT_CUDA_SHARED / SHT_CUDA_LOCAL sections describe memory (torch's NVSHMEM objects place
+    them past the file's end): read as NOBITS in a cubin, still a truncation in a host ELF."""
+    import struct
+
+    from audit_fixtures import tiny_elf
+
+    from slim_kernel.audit.limits import MalformedBinaryError
+
+    for kind in (0x7000000A, 0x70000009):
+        for machine in (190, 62):
+            elf = bytearray(tiny_elf(["k"], machine=machine))
+            shoff, shnum = struct.unpack_from("<Q", elf, 40)[0], struct.unpack_from("<H", elf, 60)[0]
+            last = shoff + (shnum - 1) * 64  # the kernel's .text section: memory now, 8 KiB past the end
+            struct.pack_into("<I", elf, last + 4, kind)
+            struct.pack_into("<QQ", elf, last + 24, len(elf), 8192)
+            if machine == 190:
+                assert ElfFile(bytes(elf)).sections[-1].file_size == 0
+            else:
+                with pytest.raises(MalformedBinaryError, match="truncated ELF"):
+                    ElfFile(bytes(elf))

@@ -60,3 +60,14 @@ def test_no_external_demangler_needed(work):
     run, res = audit(wheel, env=dict(ENV, PATH=os.path.dirname(os.path.realpath(os.sys.executable))))
     assert run.rc == 1 and res["ops_found"] == ["dsv3_router_gemm"]
     assert {f["layer"] for f in res["findings"]} == {"elf-dynsym"}
+
+
+def test_cubin_with_its_section_table_first_is_read(work):
+    """A raw relocatable cubin whose section table precedes its sections (as CUPTI embeds them) is
+    read whole: its kernel is found as device code, and nothing is left unreadable."""
+    if not (TOOLS["g++"] and TOOLS["nvcc"]):
+        pytest.skip("needs g++ and nvcc")
+    run, res = audit(CASES["raw_cubin_table_first"][0](work / "table_first"))
+    assert run.rc == 1 and res["ops_found"] == ["dsv3_router_gemm"], res
+    assert "embedded-cubin" in {f["layer"] for f in res["findings"]}, res["findings"]
+    assert res["unreadable"] == [], res["unreadable"]

@@ -121,8 +121,8 @@ def cached_wheel(requirement: str) -> Path:
 @pytest.mark.realwheels
 @pytest.mark.parametrize("requirement, code, ops", IMAGE_WHEELS, ids=[r for r, _, _ in IMAGE_WHEELS])
 def test_wheels_of_an_inference_image(requirement, code, ops, tmp_path):
-    """A verdict on each (parts that cannot be parsed are listed, never a refusal), no temporary
-    directory left, CPU time and peak RSS within the documented bounds."""
+    """A verdict on each, every part of it read (a part that cannot be parsed would be listed, never
+    a refusal), no temporary directory left, CPU time and peak RSS within the documented bounds."""
     wheel = cached_wheel(requirement)
     env = dict(
         os.environ, TMPDIR=str(tmp_path), PYTHONPATH=str(Path(slim_kernel.__file__).resolve().parents[1])
@@ -135,5 +135,6 @@ def test_wheels_of_an_inference_image(requirement, code, ops, tmp_path):
     )
     assert run.rc == code, res.get("error", res.get("ops_found"))
     assert res["ops_found"] == ops
+    assert res["unreadable"] == [], res["unreadable"][:5]
     assert list(tmp_path.iterdir()) == []
     assert run.peak < 512 << 20 and run.cpu < 120, (run.cpu, run.peak_mib)

@@ -95,6 +95,30 @@ def raw_cubin_in_cache_file(d: Path) -> Path:
     return _one(d, "pkg/cache/k.bin", header + cubin)
 
 
+def _table_first(cubin: bytes) -> bytes:
+    """A relocatable cubin laid out as CUPTI's embedded ones are: the section table right after
+    the ELF header and the sections after it (nvcc writes the table last)."""
+    shoff, = struct.unpack_from("<Q", cubin, 40)
+    phnum, _, shnum = struct.unpack_from("<HHH", cubin, 56)
+    assert phnum == 0, "a relocatable cubin (nvcc -rdc=true) has no program headers"
+    headers = [bytearray(cubin[shoff + i * 64 : shoff + (i + 1) * 64]) for i in range(shnum)]
+    body = bytearray(cubin[:64]) + bytes(shnum * 64)
+    for h in headers[1:]:
+        typ, _, _, off, size, _, _, align = struct.unpack_from("<IQQQQIIQ", h, 4)
+        if typ != 8:  # SHT_NOBITS: no bytes in the file
+            body += bytes(-len(body) % max(align, 1))
+            struct.pack_into("<Q", h, 24, len(body))
+            body += cubin[off : off + size]
+    body[64 : 64 + shnum * 64] = b"".join(headers)
+    struct.pack_into("<Q", body, 40, 64)
+    return bytes(body)
+
+
+def raw_cubin_table_first(d: Path) -> Path:
+    cubin = _table_first(_cubin(d / "tf", "k.cu", kernels_source("dsv3_router_gemm"), "-rdc=true"))
+    return _one(d, "pkg/_syscalls.so", _lib_with_array(d / "tf", "syscalls", cubin, const=True))
+
+
 def fatbin_after_text_header(d: Path) -> Path:
     blob = nvcc_fatbin(d / "th", "k.cu", kernels_source("bmm_fp8"), mode="size")
     header = ("# kernel pack, format 2\n" + "x" * 70 + "\n") * 80  # ~6 KB of text, no NUL
@@ -333,6 +357,7 @@ CASES = {
     "raw_cubin_in_rodata": (raw_cubin_in_rodata, N, 1, ["dsv3_router_gemm"], None),
     "raw_cubin_in_data": (raw_cubin_in_data, N, 1, ["dsv3_fused_a_gemm"], None),
     "raw_cubin_in_cache_file": (raw_cubin_in_cache_file, ("nvcc",), 1, ["dsv3_router_gemm"], None),
+    "raw_cubin_table_first": (raw_cubin_table_first, N, 1, ["dsv3_router_gemm"], None),
     "fatbin_after_text_header": (fatbin_after_text_header, ("nvcc",), 1, ["bmm_fp8"], None),
     "op_table_in_data_rel_ro": (op_table_in_data_rel_ro, G, 1, ["dsv3_router_gemm"], None),
     "lineinfo_file_name": (lineinfo_file_name, N, 1, ["dsv3_router_gemm"], None),

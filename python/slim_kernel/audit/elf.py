@@ -20,6 +20,9 @@ from .stream import WINDOW, context_windows
 ELF_MAGIC = b"\x7fELF"
 EM_CUDA = 190
 SHT_SYMTAB, SHT_STRTAB, SHT_NOBITS, SHT_DYNSYM = 2, 3, 8, 11
+# a cubin's local- and shared-memory sections (SHT_CUDA_LOCAL, SHT_CUDA_SHARED) describe memory, not file
+# bytes: ptxas writes them as NOBITS, some relocatable objects (torch's NVSHMEM) with these types instead
+CUDA_NO_FILE_BYTES = (0x70000009, 0x7000000A)
 STT_OBJECT, STT_FUNC = 1, 2
 SHN_UNDEF, SHN_XINDEX = 0, 0xFFFF
 MAX_NAME = 1 << 20  # symbol name bytes read (real: 172); each KiB examined is budgeted
@@ -139,6 +142,8 @@ class ElfFile:
         budget = self.limits.max_section_names
         sections = []
         for i, (name, typ, flags, _addr, off, size, link, _info, _align, ent) in enumerate(raw):
+            if self.machine == EM_CUDA and typ in CUDA_NO_FILE_BYTES:
+                typ = SHT_NOBITS
             if typ != SHT_NOBITS and i and (off + size > self.size):
                 raise MalformedBinaryError(
                     f"{self.what}: truncated ELF (section {i} ends at {off + size}, file has {self.size})"

@@ -4,25 +4,31 @@ searched for in every byte of every member, in one forward pass (`device_split`)
 
 A header is checked before it is trusted: a fatbin header must declare a size that fits and a
 first entry that parses, a cubin header must be a 64-bit little-endian ELF for EM_CUDA whose
-tables fit in the member. In a host library or a shipped fatbin a header that fails the check
-is malformed input (exit 2; a fatbin is then parsed by `fatbin.read_container`, whose error
-says precisely what is wrong); anywhere else (a .pyc holding the fatbin magic as a constant, a
-data file) it is only a mention.
+tables (and the sections they place) fit in the member. In a host library or a shipped fatbin a
+header that fails the check is malformed input (exit 2; a fatbin is then parsed by
+`fatbin.read_container`, whose error says precisely what is wrong); anywhere else (a .pyc
+holding the fatbin magic as a constant, a data file) it is only a mention.
 """
 
 from __future__ import annotations
 
 import struct
+import sys
+from array import array
+from itertools import compress
+from operator import add, not_
 
 from . import fatbin
 from .device import summarize_cubin, summarize_ptx
-from .elf import ELF_MAGIC, EM_CUDA
+from .elf import CUDA_NO_FILE_BYTES, ELF_MAGIC, EM_CUDA, SHT_NOBITS
 from .limits import UNPARSABLE, MalformedBinaryError, unparsable_reason
 from .stream import CHUNK, SpanStore
 
 CUBIN_HEADER = 64
+TABLES_READ = 1 << 20  # header table bytes read ahead to size a raw cubin whose tables come first
 LOOKAHEAD = 16 + fatbin.ENTRY_BASE  # bytes a header check reads
 _EM_CUDA = EM_CUDA.to_bytes(2, "little")
+_NO_FILE_BYTES = frozenset((SHT_NOBITS, *CUDA_NO_FILE_BYTES))  # section types that occupy no bytes
 
 
 def device_split(src, col, layers, strict: bool):
@@ -60,7 +66,7 @@ def device_split(src, col, layers, strict: bool):
             )
         else:
             stats["raw_cubins"] += 1
-            size = cubin_size(src.peek(CUBIN_HEADER))
+            size = cubin_size(src, min(src.remaining, col.ctx.limits.max_entry_unpacked))
             pieces = []  # the cubin's bytes also belong to the section around it
             device_code(
                 col,
@@ -114,12 +120,38 @@ def _next_magic(src, search: _FatbinSearch) -> tuple[int, str]:
     return fat, "fatbin"
 
 
-def cubin_size(head) -> int:
-    """Bytes of the 64-bit little-endian cubin whose ELF header starts `head`: up to the end of
-    its section and program header tables."""
+def cubin_size(src, room: int) -> int:
+    """Bytes of the 64-bit little-endian cubin whose ELF header is at `src.pos` (a `stream.Pull`):
+    up to the end of its section and program header tables and of every section and segment they
+    place. nvcc writes the tables last, but a relocatable object may put its section table first
+    (CUPTI's do) with the sections after it. The tables are read where they end within the first
+    `TABLES_READ` bytes and the whole image fits in `room`; otherwise the tables' end stands (a
+    section past it is then reported by the ELF reader as truncated)."""
+    src.fill(CUBIN_HEADER)
+    head = src.peek(CUBIN_HEADER)
     phoff, shoff = struct.unpack_from("<QQ", head, 32)
     phentsize, phnum, shentsize, shnum = struct.unpack_from("<HHHH", head, 54)
-    return max(shoff + shnum * shentsize, phoff + phnum * phentsize, CUBIN_HEADER)
+    tables = max(shoff + shnum * shentsize, phoff + phnum * phentsize, CUBIN_HEADER)
+    if tables > min(TABLES_READ, room) or src.fill(tables) < tables or shentsize != 64:
+        return tables
+    src.budget.step(shnum + phnum, src.what)
+    table = src.peek(shnum * 64, shoff)
+    words = _words(table, "I")  # 16 a section: sh_type is the 2nd
+    quads = _words(table, "Q")  # 8 a section: sh_offset the 4th, sh_size the 5th
+    has_bytes = map(not_, map(_NO_FILE_BYTES.__contains__, words[1::16]))
+    ends = list(compress(map(add, quads[3::8], quads[4::8]), has_bytes))
+    if phentsize == 56:  # 7 quads a segment: p_offset the 2nd, p_filesz the 5th
+        seg = _words(src.peek(phnum * 56, phoff), "Q")
+        ends += map(add, seg[1::7], seg[4::7])
+    end = max(ends, default=tables)
+    return max(end, tables) if end <= room else tables
+
+
+def _words(data: bytes, code: str) -> array:
+    words = array(code, data)
+    if sys.byteorder != "little":
+        words.byteswap()
+    return words
 
 
 def _implausible(kind: str, src, limits) -> str:
@@ -142,7 +174,7 @@ def _implausible(kind: str, src, limits) -> str:
         return "not a 64-bit little-endian ELF header"
     if struct.unpack_from("<H", head, 58)[0] != 64 or struct.unpack_from("<H", head, 60)[0] == 0:
         return "no section header table"
-    size = cubin_size(head)
+    size = cubin_size(src, min(src.remaining, limits.max_entry_unpacked))
     if size > src.remaining or size > limits.max_entry_unpacked:
         return f"its tables end at {size:,}, past the {min(src.remaining, limits.max_entry_unpacked):,} bytes there"
     return ""
