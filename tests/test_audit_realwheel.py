@@ -103,6 +103,12 @@ IMAGE_WHEELS = [
     ("flashinfer-python==0.7.4", 0, []),
     ("nvidia-cuda-nvrtc==13.5.37", 0, []),
     ("sgl-kernel==0.3.21", 1, RETIRED),
+    ("vllm==0.34.0", 1, ["dsv3_fused_a_gemm"]),  # vLLM's own AOT copy of the kernel
+    # torch's CUDA libraries: LZ4 fatbin entries of 50-130 MB, cubins with 6 MB of section names
+    ("nvidia-nccl-cu12==2.27.7", 0, []),
+    ("nvidia-nvshmem-cu12==3.8.0", 0, []),
+    ("nvidia-cusparselt-cu12==0.8.1", 0, []),
+    ("nvidia-cusparselt-cu13==0.10.0", 0, []),
 ]
 
 

@@ -14,7 +14,8 @@ flags: 0x2000 LZ4 block payload, 0x8000 zstd frame payload, 0x100000 arch-specif
 
 Every size is validated against what remains of the container and the member before any
 allocation; payloads are decompressed in windows as they are read (zstd: output may not outgrow
-1000 x the input read so far; LZ4 blocks, which only decompress whole, are capped by size).
+1000 x the input read so far; an LZ4 block decompresses in one piece up to `max_lz4_entry`, and a
+larger one through `lz4block`'s 64 KiB window).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 
+from . import lz4block
 from .limits import HostileArchiveError, Limits, MalformedBinaryError, MissingDependencyError
 from .stream import WINDOW, SubReader
 
@@ -136,11 +138,6 @@ def _check_declared(method: str, stored: int, csize: int, usize: int, limits: Li
         raise HostileArchiveError(
             f"{what}: declares {usize} bytes uncompressed from {csize} (decompression bomb?)"
         )
-    if method == "lz4" and usize > limits.max_lz4_entry:
-        raise HostileArchiveError(
-            f"{what}: LZ4 payload of {usize:,} bytes is over the limit of {limits.max_lz4_entry:,} "
-            "(LZ4 blocks decompress in one piece)"
-        )
     if method == "lz4" and csize > usize + usize // 255 + 16:  # LZ4_COMPRESSBOUND
         raise MalformedBinaryError(f"{what}: {csize}-byte LZ4 payload cannot hold {usize} bytes")
 
@@ -150,8 +147,10 @@ def _payload(src, entry: Entry, csize: int, limits: Limits):
     if entry.compression == "none":
         for _, data in src.pieces(entry.stored):
             yield data
-    elif entry.compression == "lz4":
+    elif entry.compression == "lz4" and entry.unpacked <= limits.max_lz4_entry:
         yield _lz4(src.take(csize), entry.unpacked, what)
+    elif entry.compression == "lz4":  # too large for one piece: decoded in bounded memory (slower)
+        yield from lz4block.decode(SubReader(src, csize), entry.unpacked, WINDOW, what, src.budget.check_time)
     else:
         yield from _zstd(SubReader(src, csize), entry.unpacked, limits, what)
 

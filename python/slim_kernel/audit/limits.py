@@ -67,13 +67,13 @@ class Limits:
     max_entry_unpacked: int = 1 * GiB  # one fatbin entry after decompression
     max_entry_ratio: float = 1000.0  # fatbin payload decompression ratio
     retained_in_memory: int = 40 * MiB  # bytes of one ELF (host library or cubin) kept in RAM, then spilled
-    max_lz4_entry: int = 40 * MiB  # LZ4 block payloads decompress in one piece
+    max_lz4_entry: int = 40 * MiB  # LZ4 payloads up to this decompress in one piece, larger ones stream
     # decoder memory of a zip member or a .zst file (fatbin zstd payloads keep zstd's own cap,
     # 128 MiB, so two windows at once stay under 160 MiB); xz -9 uses a 64 MiB dictionary
     max_zstd_window: int = 32 * MiB
     max_lzma_dict: int = 64 * MiB
     max_sections: int = 65_536
-    max_section_names: int = 4 * MiB  # distinct section-name bytes of one ELF (real: 780 KB)
+    max_section_names: int = 32 * MiB  # distinct section-name bytes of one ELF (real: 6.0 MB, cuSPARSELt 0.10)
     max_symbols: int = 4_000_000  # per symbol table
     max_hit_strings: int = 100_000  # strings of one string table holding a retired-op literal (real: 28)
     max_candidates: int = 50_000  # names per member examined for retired ops (real: 1,254)
