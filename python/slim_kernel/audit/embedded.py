@@ -186,7 +186,7 @@ def _entry(entry: fatbin.Entry, payload, col, layers) -> None:
     if entry.kind not in ("cubin", "ptx"):
         col.unreadable(
             layers("fatbin-cubin")[1],
-            f"fatbin entry at {entry.offset} of kind {entry.kind} (not cubin or PTX)",
+            f"fatbin entry at {entry.offset} of kind {entry.kind} (not cubin or PTX: its payload is not read)",
         )
         return
     what = f"{col.scan.member}: fatbin entry at {entry.offset}"

@@ -6,7 +6,7 @@ container header (16 bytes): u32 magic 0xBA55ED50, u16 version 1, u16 header siz
 u64 size of the entries that follow.
 
 entry header (64 bytes, followed by 0/16/32/48 bytes of extension: 64/80/96/112 seen):
-  0 u16 kind (1 PTX, 2 cubin)   4 u32 header size   8 u64 payload size (padded)
+  0 u16 kind (1 PTX, 2 cubin, 8 LTO IR)   4 u32 header size   8 u64 payload size (padded)
  16 u32 compressed size        28 u32 sm arch (90, 100, ...)   40 u64 flags
  56 u64 uncompressed size
 flags: 0x2000 LZ4 block payload, 0x8000 zstd frame payload, 0x100000 arch-specific ("a"),
@@ -33,7 +33,7 @@ ENTRY_BASE = 64
 MAX_ENTRY_HEADER = 4096
 FLAG_LZ4, FLAG_ZSTD = 0x2000, 0x8000
 FLAG_ARCH_SPECIFIC, FLAG_FAMILY = 0x100000, 0x200000
-KINDS = {1: "ptx", 2: "cubin"}
+KINDS = {1: "ptx", 2: "cubin", 8: "LTO IR"}  # LTO IR: nvcc -dlto, cuFFT/cuSPARSE callbacks
 ZSTD_READ = 16 << 10  # compressed bytes read at a time: a bomb is caught within 1000 x this
 
 
