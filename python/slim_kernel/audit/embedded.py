@@ -52,7 +52,7 @@ def device_split(src, col, layers, strict: bool):
         at = src.pos
         col.ctx.budget.count(col.ctx.limits, src.what)  # each magic costs a header check, however small
         # strict: a fatbin header is parsed as one, so the container parser says what is wrong
-        why = "" if strict and kind == "fatbin" else _implausible(kind, src, col.ctx.limits)
+        why, size = ("", 0) if strict and kind == "fatbin" else _implausible(kind, src, col.ctx.limits)
         if why:
             if strict:
                 raise MalformedBinaryError(f"{src.what}: {kind} header at offset {at}: {why}")
@@ -66,7 +66,6 @@ def device_split(src, col, layers, strict: bool):
             )
         else:
             stats["raw_cubins"] += 1
-            size = cubin_size(src, min(src.remaining, col.ctx.limits.max_entry_unpacked))
             pieces = []  # the cubin's bytes also belong to the section around it
             device_code(
                 col,
@@ -154,30 +153,30 @@ def _words(data: bytes, code: str) -> array:
     return words
 
 
-def _implausible(kind: str, src, limits) -> str:
-    """Why the header at `src.pos` cannot be what its magic says ("" if it can)."""
+def _implausible(kind: str, src, limits) -> tuple[str, int]:
+    """Why the header at `src.pos` cannot be what its magic says ("" if it can), and a cubin's size."""
     head = src.peek(LOOKAHEAD)
     if kind == "fatbin":
         if len(head) < 16:
-            return "truncated header"
+            return "truncated header", 0
         (size,) = struct.unpack_from("<Q", head, 8)
         if size > src.remaining - 16:
-            return f"declares {size:,} bytes of entries, only {src.remaining - 16:,} remain"
+            return f"declares {size:,} bytes of entries, only {src.remaining - 16:,} remain", 0
         if size and len(head) < 16 + fatbin.ENTRY_BASE:
-            return "truncated first entry"
+            return "truncated first entry", 0
         if size:
             kind_id, _, hsize, stored = struct.unpack_from("<HHIQ", head, 16)
             if not fatbin.ENTRY_BASE <= hsize <= fatbin.MAX_ENTRY_HEADER or stored > size:
-                return "its first entry header is not one"
-        return ""
+                return "its first entry header is not one", 0
+        return "", 0
     if len(head) < CUBIN_HEADER or head[4:6] != b"\x02\x01" or head[18:20] != b"\xbe\x00":
-        return "not a 64-bit little-endian ELF header"
+        return "not a 64-bit little-endian ELF header", 0
     if struct.unpack_from("<H", head, 58)[0] != 64 or struct.unpack_from("<H", head, 60)[0] == 0:
-        return "no section header table"
+        return "no section header table", 0
     size = cubin_size(src, min(src.remaining, limits.max_entry_unpacked))
     if size > src.remaining or size > limits.max_entry_unpacked:
-        return f"its tables end at {size:,}, past the {min(src.remaining, limits.max_entry_unpacked):,} bytes there"
-    return ""
+        return f"its tables end at {size:,}, past the {min(src.remaining, limits.max_entry_unpacked):,} bytes there", 0
+    return "", size
 
 
 def _entry(entry: fatbin.Entry, payload, col, layers) -> None:
