@@ -103,6 +103,10 @@ IMAGE_WHEELS = [
     ("flashinfer-python==0.7.4", 0, []),
     ("nvidia-cuda-nvrtc==13.5.37", 0, []),
     ("sgl-kernel==0.3.21", 1, RETIRED),
+    # sgl-kernel's successor: the router dropped in 0.4.5, the other two in 0.4.6
+    ("sglang-kernel==0.4.5", 1, ["bmm_fp8", "dsv3_fused_a_gemm"]),
+    ("sglang-kernel==0.4.10", 0, []),
+    ("flashinfer-cubin==0.6.13", 0, []),  # 15,970 shipped .cubin files
     ("vllm==0.34.0", 1, ["dsv3_fused_a_gemm"]),  # vLLM's own AOT copy of the kernel
     # torch's CUDA libraries: LZ4 fatbin entries of 50-130 MB, cubins with 6 MB of section names
     ("nvidia-nccl-cu12==2.27.7", 0, []),
