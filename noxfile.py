@@ -48,8 +48,8 @@ CPU_TORCH = PYPROJECT["tool"]["slim-kernel"]["test-torch"]  # a pinned CPU build
 # stdlib-only: where PyTorch's CPU index answers, the test torch comes from there (tools/cpu_torch.py)
 TORCH_INDEX = runpy.run_path(str(ROOT / "tools" / "cpu_torch.py"))
 # What audit/size install besides the wheel (installed --no-deps): its dependencies and the audit
-# extra, less torch and the CUDA bindings, which the audit never imports.
-AUDIT_SKIPS = ("torch", "cuda-bindings")
+# extra, less torch, which the audit never imports (cuda-bindings and nvidia-nvjitlink read LTO IR).
+AUDIT_SKIPS = ("torch",)
 
 
 def _requirements(*extras: str, skip: tuple[str, ...] = ()) -> list[str]:

@@ -228,7 +228,7 @@ def test_truncated_elf_is_unreadable_and_the_rest_judged(tmp_path, capsys):
         (fatbin_header(64 + 16) + fatbin_entry(2, b"\xff" * 16, flags=0x8011, csize=16, usize=64), "zstd"),
         (fatbin_header(64 + 16) + fatbin_entry(2, b"\xff" * 16, flags=0x2011, csize=16, usize=64), "LZ4"),
         (fatbin_header(64 + 64) + fatbin_entry(2, b"NOTANELF" * 8), "not an ELF"),
-        (fatbin_header(64 + 16) + fatbin_entry(8, b"\x33\x03" * 8), "of kind LTO IR"),  # nvcc -dlto
+        (fatbin_header(64 + 16) + fatbin_entry(8, b"\x33\x03" * 8), "(LTO IR)"),  # garbage to nvJitLink
     ],
 )
 def test_hostile_fatbin_headers(tmp_path, capsys, blob, needle):

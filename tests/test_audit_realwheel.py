@@ -113,6 +113,9 @@ IMAGE_WHEELS = [
     ("nvidia-nvshmem-cu12==3.8.0", 0, []),
     ("nvidia-cusparselt-cu12==0.8.1", 0, []),
     ("nvidia-cusparselt-cu13==0.10.0", 0, []),
+    # LTO IR fatbin entries, read through nvJitLink: 6,573 (lto_75) and 206
+    ("nvidia-cufft==12.5.0.14", 0, []),
+    ("nvidia-cusparse==12.9.4.2", 0, []),
 ]
 
 

@@ -3,7 +3,8 @@
 - `host_lib`: a g++ shared library whose only traces are the ones asked for: an exported C++
   entry point, a static (.symtab-only) function, a TORCH_LIBRARY schema string or a plain
   binding-name string in .rodata, and/or raw fatbin bytes placed in `.nv_fatbin`.
-- `nvcc_fatbin`: a fatbin from CUDA source under a given `-compress-mode` (or `-no-compress`).
+- `nvcc_fatbin`: a fatbin (cubins, PTX or LTO IR) from CUDA source under a given `-compress-mode`
+  (or `-no-compress`).
 - `make_wheel`: a wheel assembled with zipfile (dist-info included).
 - hostile archives: zip bombs, traversal, symlinks, overlapping members, lying sizes.
 """
@@ -109,7 +110,7 @@ def nvcc_fatbin(
     """Compile `source` (saved as `filename`, which names the TU) to a fatbin.
 
     mode: a `-compress-mode` value (size/speed/balance/default/none) or "no-compress";
-    code: "sass" (cubins), "ptx" or "both"."""
+    code: "sass" (cubins), "ptx", "both" or "lto" (LTO IR, as `code=lto_90`)."""
     workdir.mkdir(parents=True, exist_ok=True)
     src = workdir / filename
     src.write_text(source)
@@ -118,7 +119,7 @@ def nvcc_fatbin(
     cmd = [NVCC, "-fatbin", "-o", str(out), str(src)]
     for arch in arches:
         num = arch.split("_", 1)[1]
-        targets = {"sass": arch, "ptx": f"compute_{num}", "both": f"[{arch},compute_{num}]"}[code]
+        targets = {"sass": arch, "ptx": f"compute_{num}", "both": f"[{arch},compute_{num}]", "lto": f"lto_{num}"}[code]
         cmd += ["-gencode", f"arch=compute_{num},code={targets}"]
     if mode == "no-compress":
         cmd.append("-no-compress")

@@ -35,7 +35,7 @@ _FILE_OK = re.compile(rb"^[A-Za-z0-9_]+$")
 
 @dataclass
 class DeviceCode:
-    kind: str  # "cubin" | "ptx"
+    kind: str  # "cubin" | "ptx" | "ltoir" (PTX nvJitLink linked an LTO IR entry to)
     arch: str
     tus: tuple[str, ...] = ()  # source files, e.g. "dsv3_router_gemm_float_out.cu"
     tu_ops: tuple[str, ...] = ()  # retired ops the TU names match

@@ -18,7 +18,7 @@ from array import array
 from itertools import compress
 from operator import add, not_
 
-from . import fatbin
+from . import fatbin, ltoir
 from .device import summarize_cubin, summarize_ptx
 from .elf import CUDA_NO_FILE_BYTES, ELF_MAGIC, EM_CUDA, SHT_NOBITS
 from .limits import UNPARSABLE, MalformedBinaryError, unparsable_reason
@@ -182,14 +182,26 @@ def _implausible(kind: str, src, limits) -> tuple[str, int]:
 def _entry(entry: fatbin.Entry, payload, col, layers) -> None:
     col.scan.stats["fatbin_entries"] += 1
     col.scan.stats[f"fatbin_{entry.compression}"] += 1
+    what = f"{col.scan.member}: fatbin entry at {entry.offset}"
+    stored = entry.header_size + entry.stored
+    if entry.kind == "LTO IR":
+        col.scan.stats["fatbin_ltoir"] += 1
+        try:
+            ptx = _lto_ptx(entry, payload, col.ctx)
+        except ltoir.LtoUnreadable as exc:
+            col.unreadable(layers("fatbin-ltoir")[1], f"fatbin entry at {entry.offset} (LTO IR): {exc}")
+            return
+        device_code(
+            col, "ptx", [ptx], len(ptx), what, layers("fatbin-ltoir"), stored, entry.compression, entry.arch,
+            ltoir_size=entry.unpacked,
+        )
+        return
     if entry.kind not in ("cubin", "ptx"):
         col.unreadable(
             layers("fatbin-cubin")[1],
-            f"fatbin entry at {entry.offset} of kind {entry.kind} (not cubin or PTX: its payload is not read)",
+            f"fatbin entry at {entry.offset} of kind {entry.kind} (not cubin, PTX or LTO IR: its payload is not read)",
         )
         return
-    what = f"{col.scan.member}: fatbin entry at {entry.offset}"
-    stored = entry.header_size + entry.stored
     device_code(
         col,
         entry.kind,
@@ -203,9 +215,17 @@ def _entry(entry: fatbin.Entry, payload, col, layers) -> None:
     )
 
 
-def device_code(col, kind, windows, size, what, layers, stored, compression="none", arch="") -> None:
+def _lto_ptx(entry: fatbin.Entry, payload, ctx) -> bytes:
+    if entry.stored > ctx.limits.max_lto_entry:
+        raise ltoir.LtoUnreadable(f"{entry.stored:,} bytes, over the {ctx.limits.max_lto_entry:,}-byte limit for nvJitLink")
+    raw = b"".join(payload)
+    return ltoir.LINKER.to_ptx(entry.arch, ltoir.wrap(entry.header, raw), ctx.limits, ctx.budget)
+
+
+def device_code(col, kind, windows, size, what, layers, stored, compression="none", arch="", ltoir_size=0) -> None:
     """Summarize a cubin or PTX payload (consecutive windows of bytes) into `col`; `layers` =
-    (layer for its translation units, layer for its names)."""
+    (layer for its translation units, layer for its names). `ltoir_size`: the PTX is what an
+    LTO IR entry of that many bytes links to (recorded as that entry)."""
     ctx = col.ctx
     with SpanStore(size, ctx.limits.retained_in_memory, what, ctx.budget) as store:
         at = 0
@@ -220,4 +240,6 @@ def device_code(col, kind, windows, size, what, layers, stored, compression="non
         except UNPARSABLE as exc:  # this payload cannot be parsed: listed, the rest is read on
             col.unreadable(layers[1], unparsable_reason(exc))
             return
+        if ltoir_size:
+            code.kind, size = "ltoir", ltoir_size
         col.add_device(code, layers, stored, size, compression)

@@ -10,7 +10,8 @@ entry header (64 bytes, followed by 0/16/32/48 bytes of extension: 64/80/96/112 
  16 u32 compressed size        28 u32 sm arch (90, 100, ...)   40 u64 flags
  56 u64 uncompressed size
 flags: 0x2000 LZ4 block payload, 0x8000 zstd frame payload, 0x100000 arch-specific ("a"),
-0x200000 family-specific ("f").
+0x200000 family-specific ("f"); a compressed LTO IR entry also has 0x10000 and its payload is
+obfuscated (only nvJitLink reads it: `ltoir.py`).
 
 Every size is validated against what remains of the container and the member before any
 allocation; payloads are decompressed in windows as they are read (zstd: output may not outgrow
@@ -54,6 +55,7 @@ class Entry:
     stored: int  # payload bytes as stored (padded)
     compression: str  # "none" | "lz4" | "zstd"
     unpacked: int  # payload bytes after decompression
+    header: bytes = b""  # the entry header as stored (an LTO IR entry is handed to nvJitLink whole)
 
 
 def find_container(src, start: int = 0) -> int:
@@ -115,7 +117,7 @@ def _read_entry(src, end: int, limits: Limits) -> tuple[Entry, int]:
     if not ENTRY_BASE <= hsize <= MAX_ENTRY_HEADER or at + hsize > end:
         raise MalformedBinaryError(f"{what} has absurd header size {hsize}")
     if hsize > ENTRY_BASE:
-        src.take(hsize - ENTRY_BASE)
+        head += src.take(hsize - ENTRY_BASE)
     if stored > end - src.pos:
         raise MalformedBinaryError(
             f"{what} declares a {stored}-byte payload, only {end - src.pos} remain in its container"
@@ -128,7 +130,8 @@ def _read_entry(src, end: int, limits: Limits) -> tuple[Entry, int]:
         usize = stored
     else:
         _check_declared(compression, stored, csize, usize, limits, what)
-    return Entry(at, kind, arch_label(kind, sm, flags), flags, hsize, stored, compression, usize), csize
+    entry = Entry(at, kind, arch_label(kind, sm, flags), flags, hsize, stored, compression, usize, head)
+    return entry, csize
 
 
 def _check_declared(method: str, stored: int, csize: int, usize: int, limits: Limits, what: str) -> None:
@@ -143,8 +146,10 @@ def _check_declared(method: str, stored: int, csize: int, usize: int, limits: Li
 
 
 def _payload(src, entry: Entry, csize: int, limits: Limits):
+    """The payload's windows, decompressed; an LTO IR payload as stored (only nvJitLink reads it:
+    compressed, it is also obfuscated)."""
     what = f"{src.what}: fatbin entry at {entry.offset}"
-    if entry.compression == "none":
+    if entry.compression == "none" or entry.kind == "LTO IR":
         for _, data in src.pieces(entry.stored):
             yield data
     elif entry.compression == "lz4" and entry.unpacked <= limits.max_lz4_entry:

@@ -26,6 +26,7 @@ EVIDENCE_CLASS = {
     "rodata-string": "registration",  # names, op tables, symbol names, source paths in data
     "fatbin-kernel": "kernel",  # kernels and symbols of cubins in embedded fatbins
     "ptx-entry": "kernel",  # .entry names of PTX in embedded fatbins
+    "ltoir-entry": "kernel",  # .entry names of LTO IR entries, linked to PTX by nvJitLink
     "embedded-cubin": "kernel",  # raw cubins (no fatbin around them) anywhere in any file
     "fatbin-tu": "translation unit",  # nvcc internal names and line tables of embedded code
     "shipped-cubin": "shipped device file",
@@ -59,6 +60,8 @@ def _scanned(layer: str, st: Counter) -> str:
         )
     if layer == "ptx-entry":
         return f"{st['ptxs']} PTX modules, {st['ptx_names']:,} entries"
+    if layer == "ltoir-entry":
+        return f"{st['fatbin_ltoir']} LTO IR entries, {st['ltoirs']} linked to PTX by nvJitLink, {st['ltoir_names']:,} kernels"
     kind = layer.split("-", 1)[1]
     extra = f", {st['shipped_binary']} other binary files searched for fatbins" if kind == "fatbin" else ""
     return f"{st['shipped_' + kind]} shipped .{kind} files{extra}"

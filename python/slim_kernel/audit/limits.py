@@ -92,6 +92,13 @@ class Limits:
     # and strings examined (per KiB). sgl-kernel 0.3.21: see audit/README.md.
     max_steps: int = 40_000_000
     max_spill: int = 1 * GiB  # bytes written to the private spill file (per process)
+    # LTO IR entries, linked to PTX by nvJitLink in a child process (`ltoir.py`): its address space,
+    # the deadline of one entry, and the linking time per wheel (and worker), past which the rest
+    # are listed unreadable (cuFFT 11.2: 10,046 entries, ~9 ms each)
+    max_lto_memory: int = 4 * GiB
+    max_lto_entry: int = 256 * MiB  # stored bytes of one entry handed to nvJitLink
+    max_lto_entry_seconds: float = 60.0
+    max_lto_seconds: float = 150.0
 
 
 @dataclass
@@ -107,6 +114,7 @@ class Budget:
     spilled: int = 0
     routed: int = 0
     unpacked: int = 0  # bytes of the wheel's members and of its nested archives' members
+    lto_seconds: float = 0.0  # spent linking LTO IR entries (`Limits.max_lto_seconds`)
     limits: Limits = Limits()
 
     @classmethod

@@ -488,7 +488,7 @@ def _embedded_layers(kind: str) -> tuple[str, str]:
     """Layers of device code inside a host library."""
     if kind == "cubin":
         return "embedded-cubin", "embedded-cubin"
-    return "fatbin-tu", "ptx-entry" if kind == "fatbin-ptx" else "fatbin-kernel"
+    return "fatbin-tu", {"fatbin-ptx": "ptx-entry", "fatbin-ltoir": "ltoir-entry"}.get(kind, "fatbin-kernel")
 
 
 def _data_file_layers(kind: str) -> tuple[str, str]:
