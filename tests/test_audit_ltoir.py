@@ -66,7 +66,7 @@ def test_lto_ir_kernels_are_read(tmp_path, capsys, lto, mode):
     assert not out["unreadable"], out["unreadable"]
     evidence = " ".join(f["evidence"] for f in out["findings"])
     assert "dsv3_router_gemm_kernel" in evidence and "dsv3_router_gemm_tile" in evidence, evidence
-    assert out["layers"]["ltoir-entry"]["scanned"].startswith("2 LTO IR entries, 2 linked"), out["layers"]
+    assert out["layers"]["ltoir-entry"]["scanned"].startswith("2 LTO IR fatbin entries and 0 LTO IR files, 2 linked")
 
     rc, out = audit(capsys, make_wheel(tmp_path / "n.whl", {"pkg/k.fatbin": lto["neutral", mode]}))
     assert rc == 0 and out["clean"] and not out["unreadable"], out
@@ -120,7 +120,10 @@ def judged(wheel, linker=None, **limits) -> dict:
         (_fake_child("sys.stdin.buffer.read(1); sys.exit(9)"), "process ended on it (exit code 9"),
         (_fake_child("time.sleep(60)"), "took longer than 1 s"),
         (
-            _fake_child(f"sys.stdin.buffer.read(18); out.write(struct.pack('<BQ', {ltoir_child.FAILED}, 4) + b'nope')"),
+            _fake_child(
+                f"sys.stdin.buffer.read({ltoir_child.REQUEST.size}); "
+                f"out.write(struct.pack('<BQ', {ltoir_child.FAILED}, 4) + b'nope')"
+            ),
             "nvJitLink fake: nope",
         ),
     ],
@@ -154,3 +157,38 @@ def test_memory_limit_applies_to_the_child(tmp_path, lto):
     out = judged(make_wheel(tmp_path / "m.whl", {"pkg/k.fatbin": lto["retired", "size"]}), max_lto_memory=16 << 20)
     assert out["clean"] and len(out["unreadable"]) == 2, out
     assert "nvJitLink" in out["unreadable"][0]["reason"], out["unreadable"]
+
+
+def _nvrtc_ltoir(source: str, arch: str) -> bytes:
+    """A raw LTO IR module from NVRTC (`-dlto`), as a package would ship it."""
+    try:
+        from cuda.bindings import nvrtc
+
+        err, prog = nvrtc.nvrtcCreateProgram(source.encode(), b"k.cu", 0, [], [])
+    except Exception as exc:  # no NVRTC here
+        pytest.skip(f"needs NVRTC: {exc}")
+    opts = [b"-dlto", f"--gpu-architecture=compute_{arch}".encode()]
+    (err,) = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)
+    assert err == nvrtc.nvrtcResult.NVRTC_SUCCESS, err
+    err, size = nvrtc.nvrtcGetLTOIRSize(prog)
+    out = b" " * size
+    (err,) = nvrtc.nvrtcGetLTOIR(prog, out)
+    nvrtc.nvrtcDestroyProgram(prog)
+    return out
+
+
+@needs_nvjitlink
+def test_shipped_raw_lto_ir(tmp_path, capsys):
+    """A raw LTO IR file (its arch unknown: targets tried oldest first) is read as the PTX it links
+    to; garbage behind the magic is unreadable with nvJitLink's reason."""
+    kernel = kernels_source("dsv3_router_gemm")
+    members = {f"pkg/k{arch}.ltoir": _nvrtc_ltoir(kernel, arch) for arch in ("80", "90", "100a")}
+    members["pkg/neutral.bin"] = _nvrtc_ltoir(NEUTRAL_CU, "90")
+    members["pkg/bad.ltoir"] = ltoir.NVVM_MAGIC + b"\x01" * 60
+    rc, out = audit(capsys, make_wheel(tmp_path / "r.whl", members))
+    assert rc == 1 and out["ops_found"] == ["dsv3_router_gemm"], out
+    found = {(f["member"], f["layer"]) for f in out["findings"] if "dsv3_router_gemm_kernel" in f["evidence"]}
+    assert found == {(m, "shipped-ltoir") for m in members if m.startswith("pkg/k")}, out["findings"]
+    assert {a for f in out["findings"] for a in f["archs"]} == {"compute_80", "compute_90", "compute_100"}
+    assert [u["member"] for u in out["unreadable"]] == ["pkg/bad.ltoir"], out["unreadable"]
+    assert "raw LTO IR: nvJitLink" in out["unreadable"][0]["reason"]

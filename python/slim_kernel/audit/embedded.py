@@ -215,6 +215,21 @@ def _entry(entry: fatbin.Entry, payload, col, layers) -> None:
     )
 
 
+def shipped_ltoir(src, col) -> None:
+    """A raw LTO IR module shipped as a file (NVRTC's `-dlto` output), read as the PTX it links to."""
+    limits, name = col.ctx.limits, col.scan.member
+    if src.size > limits.max_lto_entry:
+        col.unreadable("shipped-ltoir", f"raw LTO IR of {src.size:,} bytes, over the {limits.max_lto_entry:,}-byte limit for nvJitLink")
+        return
+    data = b"".join(piece for _, piece in src.pieces())
+    try:
+        ptx = ltoir.LINKER.to_ptx("", data, limits, col.ctx.budget, raw=True)
+    except ltoir.LtoUnreadable as exc:
+        col.unreadable("shipped-ltoir", f"raw LTO IR: {exc}")
+        return
+    device_code(col, "ptx", [ptx], len(ptx), name, ("shipped-ltoir",) * 2, src.size, ltoir_size=src.size)
+
+
 def _lto_ptx(entry: fatbin.Entry, payload, ctx) -> bytes:
     if entry.stored > ctx.limits.max_lto_entry:
         raise ltoir.LtoUnreadable(f"{entry.stored:,} bytes, over the {ctx.limits.max_lto_entry:,}-byte limit for nvJitLink")

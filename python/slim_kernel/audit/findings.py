@@ -32,6 +32,7 @@ EVIDENCE_CLASS = {
     "shipped-cubin": "shipped device file",
     "shipped-fatbin": "shipped device file",  # .fatbin files, fatbins inside any other file
     "shipped-ptx": "shipped device file",
+    "shipped-ltoir": "shipped device file",  # raw LTO IR files, linked to PTX by nvJitLink
 }
 LAYERS = tuple(EVIDENCE_CLASS)
 
@@ -61,7 +62,10 @@ def _scanned(layer: str, st: Counter) -> str:
     if layer == "ptx-entry":
         return f"{st['ptxs']} PTX modules, {st['ptx_names']:,} entries"
     if layer == "ltoir-entry":
-        return f"{st['fatbin_ltoir']} LTO IR entries, {st['ltoirs']} linked to PTX by nvJitLink, {st['ltoir_names']:,} kernels"
+        return (
+            f"{st['fatbin_ltoir']} LTO IR fatbin entries and {st['shipped_ltoir']} LTO IR files, "
+            f"{st['ltoirs']} linked to PTX by nvJitLink, {st['ltoir_names']:,} kernels"
+        )
     kind = layer.split("-", 1)[1]
     extra = f", {st['shipped_binary']} other binary files searched for fatbins" if kind == "fatbin" else ""
     return f"{st['shipped_' + kind]} shipped .{kind} files{extra}"

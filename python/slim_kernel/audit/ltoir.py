@@ -24,12 +24,18 @@ import time
 from pathlib import Path
 
 from . import fatbin
-from .ltoir_child import PTX, READY, REPLY, REQUEST
+from .ltoir_child import FATBIN_INPUT, LTOIR_INPUT, PTX, READY, REPLY, REQUEST
 
 CHILD = Path(__file__).with_name("ltoir_child.py")
 INSTALL = "to install it: pip install nvidia-nvjitlink (with cuda-bindings 13; the 'audit' extra has both)"
 START_SECONDS = 60.0  # importing cuda.bindings and loading nvJitLink on a cold disk
 MAX_RESTARTS = 3  # crashes (or timeouts) before nvJitLink is given up on for this process
+
+
+NVVM_MAGIC = b"\xed\x43\x4e\x7f"  # raw LTO IR: NVRTC's -dlto output, an uncompressed fatbin entry's payload
+# a raw module does not say its arch in any documented place: these are tried oldest first (LTO IR
+# links for its own arch or any later one)
+RAW_TARGETS = "sm_75,sm_80,sm_86,sm_89,sm_90,sm_100,sm_103,sm_110,sm_120,sm_121"
 
 
 class LtoUnreadable(Exception):
@@ -56,26 +62,29 @@ class Linker:
         self.gone = ""  # why nvJitLink cannot be used in this process (set once)
         self.restarts = 0
 
-    def to_ptx(self, arch: str, fatbin_bytes: bytes, limits, budget) -> bytes:
-        """The PTX that nvJitLink links `fatbin_bytes` (one LTO IR entry) to, within the wheel's
-        share of linking time; raises `LtoUnreadable` with the reason otherwise."""
+    def to_ptx(self, arch: str, data: bytes, limits, budget, raw: bool = False) -> bytes:
+        """The PTX that nvJitLink links `data` (a fatbin of one LTO IR entry for `arch`, or with
+        `raw` a bare LTO IR module) to, within the wheel's share of linking time; raises
+        `LtoUnreadable` with the reason otherwise."""
         if budget.lto_seconds >= limits.max_lto_seconds:
             raise LtoUnreadable(
                 f"not linked: this wheel's {limits.max_lto_seconds:g} s of nvJitLink time is spent"
             )
         started = time.monotonic()
         try:
-            return self._request(arch, fatbin_bytes, limits, budget)
+            if raw:
+                return self._request(LTOIR_INPUT, RAW_TARGETS, data, limits, budget)
+            return self._request(FATBIN_INPUT, arch, data, limits, budget)
         finally:
             budget.lto_seconds += time.monotonic() - started
 
-    def _request(self, arch: str, blob: bytes, limits, budget) -> bytes:
+    def _request(self, kind: int, targets: str, blob: bytes, limits, budget) -> bytes:
         self._start(limits)
         seconds = min(limits.max_lto_entry_seconds, budget.left(), limits.max_lto_seconds - budget.lto_seconds)
-        arch_bytes = arch.encode()
+        encoded = targets.encode()
         try:
-            self.proc.stdin.write(REQUEST.pack(len(arch_bytes), len(blob), limits.max_entry_unpacked))
-            self.proc.stdin.write(arch_bytes + blob)
+            self.proc.stdin.write(REQUEST.pack(kind, len(encoded), len(blob), limits.max_entry_unpacked))
+            self.proc.stdin.write(encoded + blob)
             self.proc.stdin.flush()
             status, data = self._reply(time.monotonic() + seconds)
         except (OSError, EOFError, ValueError, TimeoutError) as exc:

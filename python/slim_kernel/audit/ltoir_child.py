@@ -1,10 +1,12 @@
-"""The nvJitLink process of `ltoir`: links one fatbin of LTO IR at a time to PTX.
+"""The nvJitLink process of `ltoir`: links one input of LTO IR at a time to PTX.
 
 Run by path (stdlib and `cuda.bindings` only, so it starts without the package on `sys.path`),
-with its address-space limit in bytes as its argument, applied before anything else. Frames on stdin: u16 arch length, u64 fatbin length,
-u64 most PTX bytes wanted, then the arch ("sm_90a") and the fatbin. Frames on stdout: u8
-status, u64 length, then the PTX or a one-line message. The first frame out, before any
-request, says whether nvJitLink loads (READY with its version, or UNAVAILABLE with why).
+with its address-space limit in bytes as its argument, applied before anything else.
+Frames on stdin: u8 input (0 a fatbin, 1 raw LTO IR), u16 targets length, u64 input length,
+u64 most PTX bytes wanted, then the targets ("sm_90a", or several separated by commas: tried in
+turn while nvJitLink answers that the input's arch does not fit) and the input. Frames on
+stdout: u8 status, u64 length, then the PTX or a one-line message. The first frame out, before
+any request, says whether nvJitLink loads (READY with its version, or UNAVAILABLE with why).
 """
 
 from __future__ import annotations
@@ -12,9 +14,11 @@ from __future__ import annotations
 import struct
 import sys
 
-REQUEST = struct.Struct("<HQQ")
+REQUEST = struct.Struct("<BHQQ")
 REPLY = struct.Struct("<BQ")
 READY, UNAVAILABLE, PTX, FAILED = range(4)
+FATBIN_INPUT, LTOIR_INPUT = range(2)
+ARCH_ERRORS = ("ARCH_MISMATCH", "UNSUPPORTED_ARCH")  # the next target may fit
 OLDEST_SM = 75  # the oldest target nvJitLink 13 links for; older LTO IR (cuFFT's lto_50) links for it
 
 
@@ -28,10 +32,11 @@ def _read(inp, n: int) -> bytes | None:
     return data if len(data) == n else None
 
 
-def _link(nvjitlink, arch: str, fatbin: bytes, most: int) -> tuple[int, bytes]:
+def _link(nvjitlink, arch: str, kind: int, data: bytes, most: int) -> tuple[int, bytes]:
     handle = nvjitlink.create(4, [f"-arch={arch}", "-lto", "-ptx", "-O0"])
     try:
-        nvjitlink.add_data(handle, nvjitlink.InputType.FATBIN, fatbin, len(fatbin), "entry")
+        input_type = nvjitlink.InputType.FATBIN if kind == FATBIN_INPUT else nvjitlink.InputType.LTOIR
+        nvjitlink.add_data(handle, input_type, data, len(data), "entry")
         nvjitlink.complete(handle)
         size = nvjitlink.get_linked_ptx_size(handle)
         if size > most:
@@ -72,15 +77,18 @@ def main() -> None:
         return
     _reply(out, READY, version.encode())
     while (head := _read(inp, REQUEST.size)) is not None:
-        arch_len, size, most = REQUEST.unpack(head)
-        arch, fatbin = _read(inp, arch_len), _read(inp, size)
-        if arch is None or fatbin is None:
+        kind, targets_len, size, most = REQUEST.unpack(head)
+        targets, data = _read(inp, targets_len), _read(inp, size)
+        if targets is None or data is None:
             return
-        try:
-            status, data = _link(nvjitlink, _arch_for(arch.decode()), fatbin, most)
-        except Exception as exc:  # anything else nvJitLink raises on this input: reported, not fatal
-            status, data = FAILED, f"{type(exc).__name__}: {exc}".encode()
-        _reply(out, status, data)
+        for arch in targets.decode().split(","):
+            try:
+                status, reply = _link(nvjitlink, _arch_for(arch), kind, data, most)
+            except Exception as exc:  # anything else nvJitLink raises on this input: reported, not fatal
+                status, reply = FAILED, f"{type(exc).__name__}: {exc}".encode()
+            if status == PTX or not any(e.encode() in reply for e in ARCH_ERRORS):
+                break
+        _reply(out, status, reply)
 
 
 if __name__ == "__main__":

@@ -15,10 +15,10 @@ import re
 from collections import Counter
 from dataclasses import dataclass, field
 
-from . import demangle, fatbin, nested
+from . import demangle, fatbin, ltoir, nested
 from .device import DeviceCode
 from .elf import ELF_MAGIC, EM_CUDA, PT_LOAD, ElfFile, HitStrings
-from .embedded import device_code, device_split
+from .embedded import device_code, device_split, shipped_ltoir
 from .limits import UNPARSABLE, Budget, HostileArchiveError, Limits, MalformedBinaryError, unparsable_reason
 from .rules import Rules
 from .stream import Pull, SpanStore, SubReader, context_windows
@@ -106,6 +106,8 @@ def classify(name: str, head: bytes) -> str:
         return "fatbin"
     if head[:8] == AR_MAGIC:
         return "ar"
+    if head[:4] == ltoir.NVVM_MAGIC:
+        return "ltoir"
     if head[:4] in _MACHO or (head[:4] == b"\xca\xfe\xba\xbe" and name.endswith((".dylib", ".so"))):
         return "macho"
     archive = nested.archive_kind(name, head)
@@ -468,6 +470,9 @@ def _dispatch(kind: str, src: Pull, col: _Collector, ctx: ScanContext, depth: in
         _scan_ar(src, col, ctx, name)
     elif kind in ("zip", "tar", "compressed"):  # an archive or .zst/.lz4 file: scan what it holds
         nested.scan_archive(kind, src, col, ctx, depth, scan_member)
+    elif kind == "ltoir":
+        shipped_ltoir(src, col)
+        scan.stats["shipped_ltoir"] += 1
     elif kind in ("cubin", "ptx"):
         if unpacked > ctx.limits.max_entry_unpacked:
             raise HostileArchiveError(f"{name}: {unpacked}-byte device file is over the limit")
