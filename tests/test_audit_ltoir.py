@@ -4,6 +4,7 @@ unreadable with the reason when nvJitLink is missing, fails, hangs or the time s
 from __future__ import annotations
 
 import json
+import os
 import struct
 import sys
 import time
@@ -32,7 +33,11 @@ def _nvjitlink() -> bool:
         return False
 
 
-needs_nvjitlink = pytest.mark.skipif(not _nvjitlink(), reason="needs nvidia-nvjitlink with cuda-bindings")
+# CI installs the audit extra: there a missing nvJitLink fails these tests instead of skipping them
+STRICT = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+needs_nvjitlink = pytest.mark.skipif(
+    not STRICT and not _nvjitlink(), reason="needs nvidia-nvjitlink with cuda-bindings"
+)
 
 
 def audit(capsys, wheel) -> tuple[int, dict]:
