@@ -14,7 +14,7 @@ from audit_fixtures import GXX, NEUTRAL_CU, NVCC, host_lib, kernels_source, make
 
 from slim_kernel.audit import ltoir, ltoir_child
 from slim_kernel.audit.findings import audit_result
-from slim_kernel.audit.limits import Limits
+from slim_kernel.audit.limits import Budget, Limits
 from slim_kernel.audit.rules import Rules
 from slim_kernel.audit.runner import scan_wheel
 from slim_kernel.audit.scan import ScanContext
@@ -197,3 +197,33 @@ def test_shipped_raw_lto_ir(tmp_path, capsys):
     assert {a for f in out["findings"] for a in f["archs"]} == {"compute_80", "compute_90", "compute_100"}
     assert [u["member"] for u in out["unreadable"]] == ["pkg/bad.ltoir"], out["unreadable"]
     assert "raw LTO IR: nvJitLink" in out["unreadable"][0]["reason"]
+
+
+@needs_nvcc
+@needs_nvjitlink
+def test_a_bound_mid_link_drops_the_requests_in_flight(lto):
+    """An exception while answers are pending (a bound stopping the scan) kills the processes
+    with requests in flight; the next scan starts clean and gets its own answers."""
+    linker, limits = ltoir.Linker(), Limits()
+    budget = Budget.starting_now(limits)
+    data = ltoir.wrap(*_first_entry(lto["retired", "size"]))
+
+    def boom(ptx, reason):
+        raise RuntimeError("a bound")
+
+    linker.submit("sm_90", data, limits, budget, boom)
+    linker.submit("sm_90", data, limits, budget, boom)
+    with pytest.raises(RuntimeError):
+        linker.drain()
+    assert not any(c.job for c in linker.children)
+    got = []
+    linker.submit("sm_90", data, limits, budget, lambda ptx, reason: got.append((ptx, reason)))
+    linker.drain()
+    linker.close()
+    assert len(got) == 1 and b".entry dsv3_router_gemm_kernel" in got[0][0], got
+
+
+def _first_entry(blob: bytes) -> tuple[bytes, bytes]:
+    """The header and stored payload of a fatbin's first entry."""
+    hsize, stored = struct.unpack_from("<IQ", blob, 16 + 4)
+    return blob[16 : 16 + hsize], blob[16 + hsize : 16 + hsize + stored]

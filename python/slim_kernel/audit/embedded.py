@@ -186,15 +186,7 @@ def _entry(entry: fatbin.Entry, payload, col, layers) -> None:
     stored = entry.header_size + entry.stored
     if entry.kind == "LTO IR":
         col.scan.stats["fatbin_ltoir"] += 1
-        try:
-            ptx = _lto_ptx(entry, payload, col.ctx)
-        except ltoir.LtoUnreadable as exc:
-            col.unreadable(layers("fatbin-ltoir")[1], f"fatbin entry at {entry.offset} (LTO IR): {exc}")
-            return
-        device_code(
-            col, "ptx", [ptx], len(ptx), what, layers("fatbin-ltoir"), stored, entry.compression, entry.arch,
-            ltoir_size=entry.unpacked,
-        )
+        _lto_entry(entry, payload, col, layers("fatbin-ltoir"), what, stored)
         return
     if entry.kind not in ("cubin", "ptx"):
         col.unreadable(
@@ -219,22 +211,33 @@ def shipped_ltoir(src, col) -> None:
     """A raw LTO IR module shipped as a file (NVRTC's `-dlto` output), read as the PTX it links to."""
     limits, name = col.ctx.limits, col.scan.member
     if src.size > limits.max_lto_entry:
-        col.unreadable("shipped-ltoir", f"raw LTO IR of {src.size:,} bytes, over the {limits.max_lto_entry:,}-byte limit for nvJitLink")
-        return
+        why = f"raw LTO IR of {src.size:,} bytes, over the {limits.max_lto_entry:,}-byte limit for nvJitLink"
+        return col.unreadable("shipped-ltoir", why)
     data = b"".join(piece for _, piece in src.pieces())
-    try:
-        ptx = ltoir.LINKER.to_ptx("", data, limits, col.ctx.budget, raw=True)
-    except ltoir.LtoUnreadable as exc:
-        col.unreadable("shipped-ltoir", f"raw LTO IR: {exc}")
-        return
-    device_code(col, "ptx", [ptx], len(ptx), name, ("shipped-ltoir",) * 2, src.size, ltoir_size=src.size)
+
+    def done(ptx: bytes | None, reason: str) -> None:
+        if ptx is None:
+            return col.unreadable("shipped-ltoir", f"raw LTO IR: {reason}")
+        device_code(col, "ptx", [ptx], len(ptx), name, ("shipped-ltoir",) * 2, src.size, ltoir_size=src.size)
+
+    ltoir.LINKER.submit("", data, limits, col.ctx.budget, done, raw=True)
 
 
-def _lto_ptx(entry: fatbin.Entry, payload, ctx) -> bytes:
-    if entry.stored > ctx.limits.max_lto_entry:
-        raise ltoir.LtoUnreadable(f"{entry.stored:,} bytes, over the {ctx.limits.max_lto_entry:,}-byte limit for nvJitLink")
-    raw = b"".join(payload)
-    return ltoir.LINKER.to_ptx(entry.arch, ltoir.wrap(entry.header, raw), ctx.limits, ctx.budget)
+def _lto_entry(entry: fatbin.Entry, payload, col, layers, what: str, stored: int) -> None:
+    """An LTO IR fatbin entry, handed to nvJitLink; read as the PTX it links to when that comes."""
+    limits = col.ctx.limits
+
+    def done(ptx: bytes | None, reason: str) -> None:
+        if ptx is None:
+            return col.unreadable(layers[1], f"fatbin entry at {entry.offset} (LTO IR): {reason}")
+        device_code(
+            col, "ptx", [ptx], len(ptx), what, layers, stored, entry.compression, entry.arch, ltoir_size=entry.unpacked
+        )
+
+    if entry.stored > limits.max_lto_entry:
+        return done(None, f"{entry.stored:,} bytes, over the {limits.max_lto_entry:,}-byte limit for nvJitLink")
+    data = ltoir.wrap(entry.header, b"".join(payload))
+    ltoir.LINKER.submit(entry.arch, data, limits, col.ctx.budget, done)
 
 
 def device_code(col, kind, windows, size, what, layers, stored, compression="none", arch="", ltoir_size=0) -> None:

@@ -95,7 +95,8 @@ class Limits:
     # LTO IR entries, linked to PTX by nvJitLink in a child process (`ltoir.py`): its address space,
     # the deadline of one entry, and the linking time per wheel (and worker), past which the rest
     # are listed unreadable (cuFFT 11.2: 10,046 entries, ~9 ms each)
-    max_lto_memory: int = 4 * GiB
+    max_lto_memory: int = 1 * GiB  # each (cuFFT 11.2.3 links its 10,046 entries within 384 MiB)
+    max_lto_processes: int = 4  # linking at once (at most one per CPU; with --jobs N, N share them)
     max_lto_entry: int = 256 * MiB  # stored bytes of one entry handed to nvJitLink
     max_lto_entry_seconds: float = 60.0
     max_lto_seconds: float = 150.0

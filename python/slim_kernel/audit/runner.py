@@ -187,8 +187,12 @@ def _run_pool(path: str, tasks: list[list[Member]], ctx: ScanContext, jobs: int,
     queue = mp.SimpleQueue()
     workers = min(jobs, len(tasks))
     # each worker may spill its share of the wheel's spill budget (the disk used at once is the
-    # wheel's budget), and the workers' sum is checked here
-    share = replace(ctx.limits, max_spill=ctx.limits.max_spill // workers)
+    # wheel's budget), and the workers' sum is checked here; so with the nvJitLink processes
+    share = replace(
+        ctx.limits,
+        max_spill=ctx.limits.max_spill // workers,
+        max_lto_processes=max(1, ctx.limits.max_lto_processes // workers),
+    )
     ctx = replace(ctx, limits=share, budget=replace(ctx.budget, limits=share))
     results: dict[int, list[MemberScan]] = {}
 

@@ -453,6 +453,10 @@ def scan_member(
         # the member's content cannot be parsed: listed with its reason (evidence already found
         # is kept), the rest of the wheel is judged; bounds and the archive's own errors propagate
         col.unreadable("member", unparsable_reason(exc))
+    except BaseException:
+        ltoir.LINKER.abort()
+        raise
+    ltoir.LINKER.drain()  # the LTO IR entries still being linked
     return scan
 
 
