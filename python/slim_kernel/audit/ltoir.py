@@ -166,7 +166,7 @@ class Linker:
             idle = [c for c in self.children if not c.job]
             if idle:
                 return idle[0]
-            if len(self.children) < max(1, min(limits.max_lto_processes, os.cpu_count() or 1)):
+            if len(self.children) < max(1, min(limits.max_lto_processes, _cpus())):
                 return self._start(limits)
             self._wait_one()
 
@@ -226,6 +226,15 @@ class Linker:
         if self.failures >= MAX_FAILURES:
             self.gone = f"not linked: nvJitLink failed {self.failures} times in this audit (last: {reason})"
         done(None, reason)
+
+
+
+def _cpus() -> int:
+    """CPUs this process may run on (its affinity where the OS says, as in a container)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
 
 
 LINKER = Linker()
