@@ -210,6 +210,7 @@ def _entry(entry: fatbin.Entry, payload, col, layers) -> None:
 def shipped_ltoir(src, col) -> None:
     """A raw LTO IR module shipped as a file (NVRTC's `-dlto` output), read as the PTX it links to."""
     limits, name = col.ctx.limits, col.scan.member
+    col.scan.stats["shipped_ltoir"] += 1
     if src.size > limits.max_lto_entry:
         why = f"raw LTO IR of {src.size:,} bytes, over the {limits.max_lto_entry:,}-byte limit for nvJitLink"
         return col.unreadable("shipped-ltoir", why)

@@ -1,8 +1,8 @@
 """Scan one wheel member in a single forward pass and report what it says about retired ops.
 
-Member kinds (sniffed from content, not trusted from the name): host ELF (shared libraries,
+Member kinds (`kinds`: sniffed from content, not trusted from the name): host ELF (shared libraries,
 objects), cubin (ELF for EM_CUDA), fatbin, ar archive (of objects), nested zip/tar archives
-(see `nested`), PTX, other binary files, and text, which is reported as routed/info (Python,
+(see `nested`), PTX, raw LTO IR, other binary files, and text, which is reported as routed/info (Python,
 JIT sources, metadata), never as AOT code. Every member is also searched, byte by byte, for
 embedded fatbins and raw cubins (`embedded`). A host ELF is streamed: fatbin containers are
 parsed and dropped as they pass, all other bytes are retained in a `SpanStore` so the symbol
@@ -15,30 +15,23 @@ import re
 from collections import Counter
 from dataclasses import dataclass, field
 
-from . import demangle, fatbin, ltoir, nested
+from . import demangle, ltoir, nested
 from .device import DeviceCode
-from .elf import ELF_MAGIC, EM_CUDA, PT_LOAD, ElfFile, HitStrings
+from .elf import ELF_MAGIC, PT_LOAD, ElfFile, HitStrings
 from .embedded import device_code, device_split, shipped_ltoir
+from .kinds import AR_MAGIC, SNIFF, classify, routed_kind
 from .limits import UNPARSABLE, Budget, HostileArchiveError, Limits, MalformedBinaryError, unparsable_reason
 from .rules import Rules
 from .stream import Pull, SpanStore, SubReader, context_windows
 
-AR_MAGIC = b"!<arch>\n"
 MAX_AR_NAMES = 16 << 20
-SNIFF = 4096  # bytes looked at to tell a member's kind
 LINE_CONTEXT = 160  # routed evidence: bytes of the line either side of a hit
 RUN_LIMIT = 512  # .rodata strings: bytes either side of a hit
 EVIDENCE_MAX = 1024  # characters of one finding's evidence kept (sgl-kernel 0.3.21: 443 at most)
 ROUTED_SNIPPETS = 3
-_PYTHON = {".py", ".pyi", ".pyx", ".pxd"}
-_SOURCES = {".cu", ".cuh", ".h", ".hh", ".hpp", ".cc", ".cpp", ".cxx", ".c", ".inl", ".inc"}
-_ROUTED = {**dict.fromkeys(_PYTHON, "python"), **dict.fromkeys(_SOURCES, "jit-source")}  # by suffix
 _PRINTABLE = re.compile(rb"[\x20-\x7e]*")
 _IDENT_END = re.compile(rb"[A-Za-z0-9_]*")
 _PTX_ENTRY = re.compile(r"\s*(?:\.(?:visible|weak|extern)\s+)*\.entry\s+([A-Za-z_$%][A-Za-z0-9_$]*)")
-# Mach-O (32/64-bit, either byte order; a universal binary only by its library name: its magic
-# is also a Java class file's)
-_MACHO = (b"\xfe\xed\xfa\xce", b"\xfe\xed\xfa\xcf", b"\xce\xfa\xed\xfe", b"\xcf\xfa\xed\xfe")
 _IDENT_BYTES = frozenset(bytes([c]) for c in b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_")
 
 
@@ -86,38 +79,6 @@ class MemberScan:
     routed: list[dict] = field(default_factory=list)
     blobs: list[Blob] = field(default_factory=list)
     stats: Counter = field(default_factory=Counter)
-
-
-def routed_kind(name: str) -> str:
-    """What a text member is, from its path (string operations: called for every member)."""
-    if ".dist-info/" in name and any(part.endswith(".dist-info") for part in name.split("/")[:-1]):
-        return "metadata"
-    base = name[name.rfind("/") + 1 :]
-    dot = base.rfind(".")
-    suffix = base[dot:].lower() if 0 < dot < len(base) - 1 else ""  # PurePosixPath.suffix
-    return _ROUTED.get(suffix, "other")
-
-
-def classify(name: str, head: bytes) -> str:
-    if head[:4] == ELF_MAGIC and len(head) >= 20:
-        machine = int.from_bytes(head[18:20], "little" if head[5] != 2 else "big")
-        return "cubin" if machine == EM_CUDA else "elf"
-    if head[:8] == fatbin.HEADER_PATTERN:
-        return "fatbin"
-    if head[:8] == AR_MAGIC:
-        return "ar"
-    if head[:4] == ltoir.NVVM_MAGIC:
-        return "ltoir"
-    if head[:4] in _MACHO or (head[:4] == b"\xca\xfe\xba\xbe" and name.endswith((".dylib", ".so"))):
-        return "macho"
-    archive = nested.archive_kind(name, head)
-    if archive:
-        return archive
-    if name.lower().endswith(".ptx"):
-        return "ptx"
-    if b"\x00" in head and routed_kind(name) == "other":
-        return "binary"
-    return "text"  # searched for device code like any file, and its lines reported as routed
 
 
 class _Collector:
@@ -196,7 +157,7 @@ class _Collector:
         )
 
     def unreadable(self, layer: str, why: str) -> None:
-        """Something of `layer` that this audit cannot read: the wheel cannot pass (exit 2)."""
+        """Something of `layer` that this audit cannot read: listed with why; the verdict is on the rest."""
         self.scan.unreadable.append({"member": self.scan.member, "layer": layer, "reason": why})
 
     def add_device(self, code: DeviceCode, layers: tuple[str, str], stored: int, unpacked: int, comp: str):
@@ -474,9 +435,8 @@ def _dispatch(kind: str, src: Pull, col: _Collector, ctx: ScanContext, depth: in
         _scan_ar(src, col, ctx, name)
     elif kind in ("zip", "tar", "compressed"):  # an archive or .zst/.lz4 file: scan what it holds
         nested.scan_archive(kind, src, col, ctx, depth, scan_member)
-    elif kind == "ltoir":
+    elif kind == "ltoir":  # a raw LTO IR module
         shipped_ltoir(src, col)
-        scan.stats["shipped_ltoir"] += 1
     elif kind in ("cubin", "ptx"):
         if unpacked > ctx.limits.max_entry_unpacked:
             raise HostileArchiveError(f"{name}: {unpacked}-byte device file is over the limit")
