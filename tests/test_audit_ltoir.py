@@ -156,6 +156,16 @@ def test_linking_time_share_per_wheel(tmp_path, lto):
     assert "nvJitLink time is spent" in out["unreadable"][0]["reason"]
 
 
+def test_time_share_is_at_most_half_the_time_limit():
+    """With a short --time-limit, linking stops at half of it and the scan keeps the rest."""
+    limits = Limits(max_seconds=10.0)
+    budget = Budget.starting_now(limits)
+    budget.lto_seconds = 5.0
+    got = []
+    ltoir.Linker(UNAVAILABLE).submit("sm_90", b"", limits, budget, lambda ptx, why: got.append(why))
+    assert got == ["not linked: this wheel's 5 s of nvJitLink time is spent"]
+
+
 @needs_nvcc
 def test_memory_limit_applies_to_the_child(tmp_path, lto):
     """The child runs under `max_lto_memory`: too little to start Python fails cleanly."""

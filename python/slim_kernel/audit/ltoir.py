@@ -9,8 +9,9 @@ compiler given hostile input, so it runs in processes of its own (`ltoir_child.p
 set before they read any input, one entry per process at a time with a deadline (then it is
 killed); a crash, a timeout or an entry it refuses makes only that entry unreadable. Without
 nvJitLink, LTO IR entries are unreadable with the reason. The time spent linking per wheel is
-capped (`Limits.max_lto_seconds`, summed over the processes) so that a wheel of many entries
-(cuFFT 11.2: 10,046, ~7 ms each) still gets its verdict; past it, the rest are unreadable.
+capped (`Limits.max_lto_seconds`, and at most half the wheel's time limit, summed over the
+processes) so that a wheel of many entries (cuFFT 11.2: 10,046, ~7 ms each) still gets its
+verdict; past it, the rest are unreadable.
 """
 
 from __future__ import annotations
@@ -121,16 +122,18 @@ class Linker:
         reason)` follows."""
         if self.pid != os.getpid():  # a forked worker: the parent's processes are not ours
             self._reset()
+        share = min(limits.max_lto_seconds, limits.max_seconds / 2)  # the rest of the scan keeps its time
+        spent = f"not linked: this wheel's {share:g} s of nvJitLink time is spent"
+        if budget.lto_seconds >= share:
+            return done(None, spent)
         try:
-            child = self._free_child(limits)
+            child = self._free_child(limits)  # may take answers, which count
         except BaseException:
             self.abort()
             raise
-        if child is None:
-            return done(None, self.gone)
-        if budget.lto_seconds >= limits.max_lto_seconds:
-            return done(None, f"not linked: this wheel's {limits.max_lto_seconds:g} s of nvJitLink time is spent")
-        seconds = min(limits.max_lto_entry_seconds, budget.left(), limits.max_lto_seconds - budget.lto_seconds)
+        if child is None or budget.lto_seconds >= share:
+            return done(None, self.gone or spent)
+        seconds = min(limits.max_lto_entry_seconds, budget.left(), share - budget.lto_seconds)
         started = time.monotonic()
         child.job = (started, started + seconds, seconds, done, budget)
         try:
