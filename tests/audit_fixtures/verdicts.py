@@ -226,14 +226,29 @@ def exports_without_section_headers(d: Path) -> Path:
 
 PTX_TEXT = (
     b"\n.version 8.0\n.target sm_90a\n.address_size 64\n\n"
-    b".visible .entry _Z16dsv3_router_gemmPf(\n\t.param .u64 p\n)\n{\n\tret;\n}\n\0"
+    b".visible .entry _Z16dsv3_router_gemmPf(\n\t.param .u64 p\n)\n{\n\tret;\n}\n"
+    b".visible .func  (.param .b32 func_retval0) _Z22dsv3_fused_a_gemm_mathf(\n\t.param .b32 p\n)\n{\n\tret;\n}\n"
+    b".extern .func  (.param .b32 func_retval0) _Z7bmm_fp8f\n(\n\t.param .b32 p\n);\n\0"
 )
 
 
 def ptx_text_in_library_data(d: Path) -> Path:
-    """PTX text (no nvcc comments) kept in a library's data for cuModuleLoadData: read as PTX."""
+    """PTX text (no nvcc comments) kept in a library's data for cuModuleLoadData: read as PTX (a
+    kernel and a defined device function found; an `.extern` declaration is only a mention)."""
     lib = _no_section_headers("init", defined=True, data=PTX_TEXT)
     return make_wheel(d / "ptxtext.whl", {"pkg/_ops.so": lib})
+
+
+def ptx_device_functions(d: Path) -> Path:
+    """A shipped PTX whose only retired code is a defined device function (found, as a cubin's FUNC
+    symbol is), beside a declared `.extern` one of another op (a reference, not code: not found)."""
+    ptx = (
+        b".version 8.0\n.target sm_90a\n.address_size 64\n\n"
+        b".extern .func  (.param .b32 func_retval0) _Z16dsv3_router_gemmf\n(\n\t.param .b32 p\n);\n"
+        b".visible .func  (.param .b32 func_retval0) _Z22dsv3_fused_a_gemm_mathf(\n\t.param .b32 p\n)\n{\n\tret;\n}\n"
+        b".visible .entry gemm_kernel(\n\t.param .u64 p\n)\n{\n\tret;\n}\n"
+    )
+    return make_wheel(d / "ptxfunc.whl", {"pkg/k.ptx": ptx})
 
 
 def macho_library(d: Path) -> Path:
@@ -343,7 +358,10 @@ CASES = {
         ["bmm_fp8"],
         _layers("elf-dynsym"),
     ),
-    "ptx_text_in_library_data": (ptx_text_in_library_data, 1, ["dsv3_router_gemm"], _layers("ptx-entry")),
+    "ptx_text_in_library_data": (
+        ptx_text_in_library_data, 1, ["dsv3_fused_a_gemm", "dsv3_router_gemm"], _layers("ptx-entry")
+    ),
+    "ptx_device_functions": (ptx_device_functions, 1, ["dsv3_fused_a_gemm"], _layers("shipped-ptx")),
     "macho_library": (macho_library, 1, ["dsv3_router_gemm"], _layers("rodata-string")),
     "digit_run_symbol": (digit_run_symbol, 1, ["bmm_fp8"], _nothing),
     "nested_zeros_over_ratio": (nested_zeros_over_ratio, 2, [], _error("expands more than 200:1")),

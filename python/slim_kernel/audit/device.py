@@ -27,6 +27,9 @@ OVERLAP = 64 << 10
 MATCH_STEPS = 64  # steps (Limits.max_steps) one regex match costs: 40M steps = 625,000 matches
 _TU = re.compile(rb"_INTERNAL_[0-9a-f]{1,64}_(\d{1,4})_")
 _PTX_ENTRY = re.compile(rb"\.entry\s{1,64}([A-Za-z_$%][\w$%]{0,65000})")
+# a device function, after its return parameter if any: defined unless `.extern` comes before it
+_PTX_FUNC = re.compile(rb"\.func\s{1,64}(?:\([^)]{0,256}\)\s{0,64})?([A-Za-z_$%][\w$%]{0,65000})")
+_PTX_EXTERN = re.compile(rb"\.extern\s{1,8}$")
 LINE_TABLES = (".debug_line", ".nv_debug_line_sass", ".debug_line_str")
 _FILE_NAME = re.compile(rb"[\x21-\x7e]*")
 _PTX_TARGET = re.compile(rb"\.target\s{1,64}(sm_\w{1,16})")
@@ -146,8 +149,8 @@ def _cubin_names(elf: ElfFile, code: DeviceCode, rules: Rules, limits: Limits, w
 
 def summarize_ptx(data, rules: Rules, limits: Limits, what: str, arch: str = "", budget=None) -> DeviceCode:
     """`data`: the PTX text (bytes, or a `SpanStore` holding it), read twice: target and
-    translation units first, then (lazily, in `names`) the entries. Every match is counted in
-    the wheel's step budget."""
+    translation units first, then (lazily, in `names`) the entries and device functions. Every
+    match is counted in the wheel's step budget."""
     budget = budget or Budget(limits=limits)
     target, count = None, 0
     tus = _Tus(limits, what, budget)
@@ -166,12 +169,23 @@ def summarize_ptx(data, rules: Rules, limits: Limits, what: str, arch: str = "",
         tus.ops(rules),
         kernel_count=count,
     )
-    code.names = (
-        (m.group(1).decode("latin-1"), 0, "entry")
-        for m in window_matches(_PTX_ENTRY, context_windows(_pieces(data), OVERLAP))
-        if code.tu_ops or rules.maybe(m.group(1))
-    )
+    code.names = _ptx_names(data, code, rules, limits, what, budget)
     return code
+
+
+def _ptx_names(data, code: DeviceCode, rules: Rules, limits: Limits, what: str, budget: Budget):
+    """Entries (kernels) and defined device functions (`.func`, as a cubin's FUNC symbols count)
+    that may name a retired op; all of them when the translation unit is retired."""
+    for _, window, lo, hi in context_windows(_pieces(data), OVERLAP):
+        for m in window_matches(_PTX_ENTRY, [(0, window, lo, hi)]):
+            if code.tu_ops or rules.maybe(m.group(1)):
+                yield m.group(1).decode("latin-1"), 0, "entry"
+        funcs = 0
+        for m in window_matches(_PTX_FUNC, [(0, window, lo, hi)]):
+            funcs += 1
+            if (code.tu_ops or rules.maybe(m.group(1))) and not _PTX_EXTERN.search(window, max(m.start() - 16, 0), m.start()):
+                yield m.group(1).decode("latin-1"), 0, "function"
+        budget.step(funcs * MATCH_STEPS, what)
 
 
 def _pieces(data):

@@ -25,8 +25,8 @@ EVIDENCE_CLASS = {
     "rodata-schema": "registration",  # op schemas in any allocated data section
     "rodata-string": "registration",  # names, op tables, symbol names, source paths in data
     "fatbin-kernel": "kernel",  # kernels and symbols of cubins in embedded fatbins
-    "ptx-entry": "kernel",  # .entry names of PTX in embedded fatbins
-    "ltoir-entry": "kernel",  # .entry names of LTO IR entries, linked to PTX by nvJitLink
+    "ptx-entry": "kernel",  # .entry (and defined .func) names of PTX in embedded fatbins
+    "ltoir-entry": "kernel",  # the same of LTO IR entries, linked to PTX by nvJitLink
     "embedded-cubin": "kernel",  # raw cubins (no fatbin around them) anywhere in any file
     "fatbin-tu": "translation unit",  # nvcc internal names and line tables of embedded code
     "shipped-cubin": "shipped device file",

@@ -3,7 +3,7 @@
 nvcc's LTO IR (`code=lto_90`, cuFFT's and cuSPARSE's callback code) is NVVM's own format,
 stored obfuscated when compressed; no name in it is readable as bytes. nvJitLink (the
 `nvidia-nvjitlink` wheel, through `cuda.bindings`) links it to PTX on the CPU, and the PTX layer
-reads that: its `.entry` kernels are what the entry would load as. nvJitLink is a third-party
+reads that: its kernels and device functions are what the entry would load as. nvJitLink is a third-party
 compiler given hostile input, so it runs in processes of its own (`ltoir_child.py`, up to
 `Limits.max_lto_processes` linking at once while the scan reads on) under an address-space limit
 set before they read any input, one entry per process at a time with a deadline (then it is

@@ -32,6 +32,7 @@ ROUTED_SNIPPETS = 3
 _PRINTABLE = re.compile(rb"[\x20-\x7e]*")
 _IDENT_END = re.compile(rb"[A-Za-z0-9_]*")
 _PTX_ENTRY = re.compile(r"\s*(?:\.(?:visible|weak|extern)\s+)*\.entry\s+([A-Za-z_$%][A-Za-z0-9_$]*)")
+_PTX_FUNC = re.compile(r"\s*(?:\.(?:visible|weak)\s+)*\.func\s+(?:\([^)]*\)\s*)?([A-Za-z_$%][A-Za-z0-9_$]*)")  # not .extern
 _IDENT_BYTES = frozenset(bytes([c]) for c in b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_")
 
 
@@ -255,8 +256,8 @@ def _scan_elf_tables(elf: ElfFile, store: SpanStore, col: _Collector, ctx: ScanC
 
 def _scan_data_strings(store: SpanStore, spans, col: _Collector, ctx: ScanContext) -> None:
     """The strings around retired-op literals in the (offset, length) `spans` of `store`: op
-    schemas and names are findings, texts naming them mentions, and a PTX `.entry` line (PTX
-    text kept in data for `cuModuleLoadData`) is read as PTX: its kernel name is examined."""
+    schemas and names are findings, texts naming them mentions, and a PTX `.entry` or `.func` definition line (PTX
+    text kept in data for `cuModuleLoadData`) is read as PTX: its kernel or function name is examined."""
     stats = col.scan.stats
     covered, seen = -1, set()
     for off, n in spans:
@@ -269,7 +270,7 @@ def _scan_data_strings(store: SpanStore, spans, col: _Collector, ctx: ScanContex
                     continue
                 if len(seen) < 4 * ctx.limits.max_hits_per_member:
                     seen.add(text)
-                entry = _PTX_ENTRY.match(text)
+                entry = _PTX_ENTRY.match(text) or _PTX_FUNC.match(text)
                 if entry:
                     col.add("ptx-entry", entry.group(1), what="PTX text")
                     continue
