@@ -209,36 +209,33 @@ def _entry(entry: fatbin.Entry, payload, col, layers) -> None:
 
 def shipped_ltoir(src, col) -> None:
     """A raw LTO IR module shipped as a file (NVRTC's `-dlto` output), read as the PTX it links to."""
-    limits, name = col.ctx.limits, col.scan.member
     col.scan.stats["shipped_ltoir"] += 1
-    if src.size > limits.max_lto_entry:
-        why = f"raw LTO IR of {src.size:,} bytes, over the {limits.max_lto_entry:,}-byte limit for nvJitLink"
-        return col.unreadable("shipped-ltoir", why)
-    data = b"".join(piece for _, piece in src.pieces())
-
-    def done(ptx: bytes | None, reason: str) -> None:
-        if ptx is None:
-            return col.unreadable("shipped-ltoir", f"raw LTO IR: {reason}")
-        device_code(col, "ptx", [ptx], len(ptx), name, ("shipped-ltoir",) * 2, src.size, ltoir_size=src.size)
-
-    ltoir.LINKER.submit("", data, limits, col.ctx.budget, done, raw=True)
+    pieces = (piece for _, piece in src.pieces())
+    _link_ltoir(col, pieces, src.size, None, "", ("shipped-ltoir",) * 2, "raw LTO IR", col.scan.member, src.size)
 
 
 def _lto_entry(entry: fatbin.Entry, payload, col, layers, what: str, stored: int) -> None:
-    """An LTO IR fatbin entry, handed to nvJitLink; read as the PTX it links to when that comes."""
+    """An LTO IR fatbin entry, handed to nvJitLink whole (header and payload as stored)."""
+    label = f"fatbin entry at {entry.offset} (LTO IR)"
+    _link_ltoir(col, payload, entry.stored, entry.header, entry.arch, layers, label, what, stored, entry.compression, entry.unpacked)
+
+
+def _link_ltoir(col, pieces, size, header, arch, layers, label, what, stored, compression="none", unpacked=0) -> None:
+    """Hand `size` bytes of LTO IR (`pieces`: a fatbin entry's payload after its `header`, or with
+    no header a raw module) to nvJitLink; when the answer comes, the PTX is read as device code
+    recorded as that LTO IR, or `label` is listed unreadable with the reason."""
     limits = col.ctx.limits
 
     def done(ptx: bytes | None, reason: str) -> None:
         if ptx is None:
-            return col.unreadable(layers[1], f"fatbin entry at {entry.offset} (LTO IR): {reason}")
-        device_code(
-            col, "ptx", [ptx], len(ptx), what, layers, stored, entry.compression, entry.arch, ltoir_size=entry.unpacked
-        )
+            return col.unreadable(layers[1], f"{label}: {reason}")
+        device_code(col, "ptx", [ptx], len(ptx), what, layers, stored, compression, arch, ltoir_size=unpacked)
 
-    if entry.stored > limits.max_lto_entry:
-        return done(None, f"{entry.stored:,} bytes, over the {limits.max_lto_entry:,}-byte limit for nvJitLink")
-    data = ltoir.wrap(entry.header, b"".join(payload))
-    ltoir.LINKER.submit(entry.arch, data, limits, col.ctx.budget, done)
+    if size > limits.max_lto_entry:
+        return done(None, f"{size:,} bytes, over the {limits.max_lto_entry:,}-byte limit for nvJitLink")
+    data = b"".join(pieces)
+    raw = header is None
+    ltoir.LINKER.submit(arch, data if raw else ltoir.wrap(header, data), limits, col.ctx.budget, done, raw=raw)
 
 
 def device_code(col, kind, windows, size, what, layers, stored, compression="none", arch="", ltoir_size=0) -> None:
